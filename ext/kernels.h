@@ -1,0 +1,45 @@
+// Declarations of the Python-facing kernels of minidnn._C.
+// All functions validate their arguments (see common.h), never allocate output
+// arrays, release the GIL around the compute loops and are deterministic
+// (bitwise identical results whatever the number of threads).
+#pragma once
+
+#include "common.h"
+
+namespace minidnn {
+
+// im2col.cpp ---------------------------------------------------------------
+void im2col(py::object x, py::object cols, index_t kh, index_t kw, index_t sh,
+            index_t sw, index_t ph, index_t pw, index_t dh, index_t dw);
+void col2im(py::object cols, py::object x, index_t kh, index_t kw, index_t sh,
+            index_t sw, index_t ph, index_t pw, index_t dh, index_t dw);
+void nchw_to_cn(py::object x, py::object out);
+void cn_to_nchw(py::object src, py::object out, bool accumulate);
+
+// pool.cpp -----------------------------------------------------------------
+void maxpool2d_forward(py::object x, py::object y, index_t kh, index_t kw,
+                       index_t sh, index_t sw, index_t ph, index_t pw,
+                       index_t dh, index_t dw);
+void maxpool2d_backward(py::object x, py::object gy, py::object gx, index_t kh,
+                        index_t kw, index_t sh, index_t sw, index_t ph,
+                        index_t pw, index_t dh, index_t dw);
+void avgpool2d_forward(py::object x, py::object y, index_t kh, index_t kw,
+                       index_t sh, index_t sw, index_t ph, index_t pw,
+                       bool count_include_pad);
+void avgpool2d_backward(py::object gy, py::object gx, index_t kh, index_t kw,
+                        index_t sh, index_t sw, index_t ph, index_t pw,
+                        bool count_include_pad);
+
+// batchnorm.cpp ------------------------------------------------------------
+void bn_stats(py::object x, py::object mean, py::object var);
+void bn_forward_train(py::object x, py::object gamma, py::object beta,
+                      py::object mean, py::object invstd, py::object y);
+void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,
+                 py::object invstd, py::object gx, py::object ggamma,
+                 py::object gbeta);
+
+// elementwise.cpp ----------------------------------------------------------
+void relu_backward(py::object y, py::object gy, py::object gx);
+void add_inplace(py::object dst, py::object src);
+
+}  // namespace minidnn

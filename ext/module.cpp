@@ -1,0 +1,126 @@
+// Python bindings of the minidnn CPU kernels (module minidnn._C).
+//
+// Conventions shared by every kernel:
+//  * arrays are numpy.ndarray of dtype float32 or float64, all arrays of one
+//    call share one dtype; they must be C-contiguous and aligned; nothing is
+//    ever converted or copied (TypeError for a wrong type/dtype, ValueError for
+//    a wrong layout or shape, the message names the argument);
+//  * outputs are never allocated: the kernel writes into the arrays it is
+//    handed (and overwrites them unless stated otherwise);
+//  * the GIL is released during the computation, which is parallelised with
+//    OpenMP and bitwise deterministic whatever the number of threads.
+#include "kernels.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+using minidnn::index_t;
+
+#define WINDOW_ARGS "kh"_a, "kw"_a, "sh"_a, "sw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a
+
+PYBIND11_MODULE(_C, m) {
+    // Each docstring starts with its own Python signature line.
+    py::options options;
+    options.disable_function_signatures();
+    m.doc() =
+        "minidnn CPU kernels (C++/OpenMP).\n\n"
+        "All array arguments are numpy.ndarray of one common dtype (float32 or float64),\n"
+        "C-contiguous and aligned; they are never copied or converted (TypeError for a\n"
+        "wrong type or dtype, ValueError for a wrong layout or shape). Outputs are never\n"
+        "allocated: results are written into the given arrays. Kernels release the GIL,\n"
+        "run in parallel with OpenMP and are bitwise deterministic for any thread count.\n"
+        "Window sizes follow PyTorch: OH = (H + 2*ph - dh*(kh-1) - 1) // sh + 1.";
+
+    m.def("im2col", &minidnn::im2col, "x"_a, "cols"_a, WINDOW_ARGS,
+          "im2col(x, cols, kh, kw, sh, sw, ph, pw, dh, dw) -> None\n\n"
+          "Unfold x (N, C, H, W) into cols (C*kh*kw, N*OH*OW) with the batch folded\n"
+          "into the columns: cols[(c*kh + i)*kw + j, n*OH*OW + oh*OW + ow] =\n"
+          "x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside the image).\n"
+          "W(O, C*kh*kw) @ cols then gives the convolution output (O, N*OH*OW).");
+
+    m.def("col2im", &minidnn::col2im, "cols"_a, "x"_a, WINDOW_ARGS,
+          "col2im(cols, x, kh, kw, sh, sw, ph, pw, dh, dw) -> None\n\n"
+          "Adjoint of im2col: OVERWRITES x (N, C, H, W) with the sum of every entry of\n"
+          "cols (C*kh*kw, N*OH*OW) that im2col would read from each pixel (entries\n"
+          "that fall in the padding are dropped). Deterministic: each (n, c) plane is\n"
+          "accumulated by one thread in a fixed order.");
+
+    m.def("nchw_to_cn", &minidnn::nchw_to_cn, "x"_a, "out"_a,
+          "nchw_to_cn(x, out) -> None\n\n"
+          "x (N, C, *spatial) with L = prod(spatial) (e.g. (N, C, H, W) or (N, C, L))\n"
+          "-> out (C, N*L): out[c, n*L + l] = x[n, c, l].");
+
+    m.def("cn_to_nchw", &minidnn::cn_to_nchw, "src"_a, "out"_a, "accumulate"_a = false,
+          "cn_to_nchw(src, out, accumulate=False) -> None\n\n"
+          "src (C, N*L) -> out (N, C, *spatial) with L = prod(spatial):\n"
+          "out[n, c, l] = src[c, n*L + l], or out[n, c, l] += src[c, n*L + l] when\n"
+          "accumulate is True.");
+
+    m.def("maxpool2d_forward", &minidnn::maxpool2d_forward, "x"_a, "y"_a, WINDOW_ARGS,
+          "maxpool2d_forward(x, y, kh, kw, sh, sw, ph, pw, dh, dw) -> None\n\n"
+          "Max pooling of x (N, C, H, W) into y (N, C, OH, OW), PyTorch MaxPool2d\n"
+          "semantics (padding is -inf, ceil_mode=False, padding <= kernel/2).");
+
+    m.def("maxpool2d_backward", &minidnn::maxpool2d_backward, "x"_a, "gy"_a, "gx"_a,
+          WINDOW_ARGS,
+          "maxpool2d_backward(x, gy, gx, kh, kw, sh, sw, ph, pw, dh, dw) -> None\n\n"
+          "OVERWRITES gx (N, C, H, W) with the gradient of max pooling given gy\n"
+          "(N, C, OH, OW). The argmax is recomputed from x (no index buffer): the first\n"
+          "maximum in row-major window order wins (a later element replaces it only if\n"
+          "strictly greater, or NaN), as in PyTorch.");
+
+    m.def("avgpool2d_forward", &minidnn::avgpool2d_forward, "x"_a, "y"_a, "kh"_a, "kw"_a,
+          "sh"_a, "sw"_a, "ph"_a, "pw"_a, "count_include_pad"_a,
+          "avgpool2d_forward(x, y, kh, kw, sh, sw, ph, pw, count_include_pad) -> None\n\n"
+          "Average pooling of x (N, C, H, W) into y (N, C, OH, OW), PyTorch AvgPool2d\n"
+          "semantics (ceil_mode=False, padding <= kernel/2, no divisor override).");
+
+    m.def("avgpool2d_backward", &minidnn::avgpool2d_backward, "gy"_a, "gx"_a, "kh"_a,
+          "kw"_a, "sh"_a, "sw"_a, "ph"_a, "pw"_a, "count_include_pad"_a,
+          "avgpool2d_backward(gy, gx, kh, kw, sh, sw, ph, pw, count_include_pad) -> None\n\n"
+          "OVERWRITES gx (N, C, H, W) with the gradient of average pooling given gy\n"
+          "(N, C, OH, OW).");
+
+    m.def("bn_stats", &minidnn::bn_stats, "x"_a, "mean"_a, "var"_a,
+          "bn_stats(x, mean, var) -> None\n\n"
+          "Per-channel mean and biased variance of x (N, C, *spatial) written into mean\n"
+          "(C,) and var (C,). Two passes (mean, then sum of squared deviations) with\n"
+          "float64 accumulation; parallel over channels.");
+
+    m.def("bn_forward_train", &minidnn::bn_forward_train, "x"_a, "gamma"_a, "beta"_a,
+          "mean"_a, "invstd"_a, "y"_a,
+          "bn_forward_train(x, gamma, beta, mean, invstd, y) -> None\n\n"
+          "y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c] for x, y (N, C, *spatial)\n"
+          "and per-channel vectors (C,), evaluated as x*alpha + shift with alpha and\n"
+          "shift computed in float64. gamma / beta may be None (1 / 0). y may be x.");
+
+    m.def("bn_backward", &minidnn::bn_backward, "x"_a, "gy"_a, "gamma"_a, "mean"_a,
+          "invstd"_a, "gx"_a, "ggamma"_a = py::none(), "gbeta"_a = py::none(),
+          "bn_backward(x, gy, gamma, mean, invstd, gx, ggamma=None, gbeta=None) -> None\n\n"
+          "Training-mode batch-norm backward (biased variance), M = N*prod(spatial):\n"
+          "  gbeta[c]  = sum(gy),  ggamma[c] = sum(gy * xhat),  xhat = (x-mean)*invstd\n"
+          "  gx = gamma*invstd/M * (M*gy - gbeta - xhat*ggamma)\n"
+          "gx, ggamma, gbeta are OVERWRITTEN; ggamma / gbeta may be None (not written),\n"
+          "gamma may be None (1). Reductions in float64, one thread per channel.");
+
+    m.def("relu_backward", &minidnn::relu_backward, "y"_a, "gy"_a, "gx"_a,
+          "relu_backward(y, gy, gx) -> None\n\n"
+          "gx = gy where y > 0 else 0 (y is the ReLU output). Arrays of any shape with\n"
+          "the same number of elements; gx may be gy.");
+
+    m.def("add_inplace", &minidnn::add_inplace, "dst"_a, "src"_a,
+          "add_inplace(dst, src) -> None\n\n"
+          "dst += src elementwise (any shapes with the same number of elements).");
+
+    m.def("get_num_threads", &minidnn::get_num_threads,
+          "get_num_threads() -> int\n\nNumber of OpenMP threads the kernels use (1 without "
+          "OpenMP).");
+    m.def("set_num_threads", &minidnn::set_num_threads, "n"_a,
+          "set_num_threads(n) -> None\n\nSet the number of OpenMP threads used by kernels "
+          "called from the current thread (no effect without OpenMP).");
+
+#ifdef _OPENMP
+    m.attr("has_openmp") = true;
+#else
+    m.attr("has_openmp") = false;
+#endif
+}

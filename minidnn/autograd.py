@@ -1,0 +1,120 @@
+"""Static reverse-mode autodiff: a traced Graph in, the iteration's Schedule out.
+
+The backward of each node reads only what its op declared (``saved_inputs``,
+``saved_outputs``), so the planner sees every tensor a backward keeps alive.
+A value with several consumers gets its gradient from the first backward that
+reaches it (the last consumer) and the others add partial gradients into it
+with explicit ``accumulate`` steps.
+"""
+from __future__ import annotations
+
+from .graph import Spec
+from .schedule import (ACT, ACT_GRAD, INPUT, OPT_STATE, PARAM, PARAM_GRAD, STATE, WORKSPACE, Schedule,
+                       Step, Tensor)
+
+_VALUE_CATEGORY = {"input": INPUT, "label": INPUT, "param": PARAM, "state": STATE, "activation": ACT}
+
+
+class _Builder:
+    def __init__(self, graph):
+        self.graph = graph
+        self.tensors: list[Tensor] = []
+        self.steps: list[Step] = []
+
+    def tensor(self, name, spec, category, value=None, slot=None) -> int:
+        t = Tensor(len(self.tensors), name, spec, category, value, slot)
+        self.tensors.append(t)
+        return t.id
+
+    def step(self, kind, label, node=None, workspace=0, **kw) -> Step:
+        s = Step(len(self.steps), kind, label, node, **kw)
+        if workspace:
+            s.ws = self.tensor(f"{label}:workspace", Spec((workspace,), "uint8"), WORKSPACE)
+        self.steps.append(s)
+        return s
+
+
+def _requires_grad(graph) -> set:
+    req = {v.id for v in graph.values if v.kind == "param" and v.param.requires_grad}
+    for n in graph.nodes:
+        if any(v.id in req for i, v in enumerate(n.inputs) if i not in n.op.no_grad_inputs):
+            req.update(o.id for o in n.outputs)
+    return req
+
+
+def build_schedule(graph, training=True, optimizer=None) -> Schedule:
+    """The steps of one iteration: load, forward, and with ``training`` the
+    backward from the graph's scalar output and one update step per parameter."""
+    b = _Builder(graph)
+    vt = {v.id: b.tensor(v.name, v.spec, _VALUE_CATEGORY[v.kind], v) for v in graph.values}
+    inputs = [vt[v.id] for v in graph.inputs]
+    b.step("load", "load", writes=list(inputs), outs=list(inputs))
+
+    for n in graph.nodes:
+        ins = [v.spec for v in n.inputs]
+        outs = [v.spec for v in n.outputs]
+        s = b.step("forward", n.label, n, n.op.workspace(ins, outs),
+                   reads=sorted({vt[v.id] for v in n.inputs}), writes=[vt[o.id] for o in n.outputs],
+                   ins=[vt[v.id] for v in n.inputs], outs=[vt[o.id] for o in n.outputs])
+        s.flops = n.op.flops(ins, outs)
+
+    sched = Schedule(b.tensors, b.steps, graph, inputs=inputs, outputs=[vt[v.id] for v in graph.outputs])
+    if not training:
+        return sched
+    (loss,) = graph.outputs
+    if loss.shape != () or loss.producer is None or not loss.producer.op.is_loss:
+        raise ValueError("training needs the graph's output to be a scalar loss")
+    sched.loss = vt[loss.id]
+    _backward(b, graph, vt, sched)
+    if optimizer is not None:
+        _updates(b, graph, vt, sched, optimizer)
+    sched.steps = b.steps
+    return sched
+
+
+def _backward(b, graph, vt, sched):
+    req = _requires_grad(graph)
+    grad_of: dict[int, int] = {}   # value id -> gradient tensor id
+    for n in reversed(graph.nodes):
+        op = n.op
+        gouts = [grad_of.get(o.id) for o in n.outputs]
+        if not op.is_loss and all(g is None for g in gouts):
+            continue
+        wanted = [i for i, v in enumerate(n.inputs) if v.id in req and i not in op.no_grad_inputs]
+        if not wanted:
+            continue
+        gins, partials = [None] * len(n.inputs), []
+        for i in wanted:
+            v = n.inputs[i]
+            if v.id in grad_of:            # a later consumer already made it: write a partial
+                p = b.tensor(f"{v.name}:grad.partial", v.spec, ACT_GRAD, v)
+                gins[i] = p
+                partials.append((grad_of[v.id], p))
+            else:
+                cat = PARAM_GRAD if v.kind == "param" else ACT_GRAD
+                grad_of[v.id] = gins[i] = b.tensor(f"{v.name}:grad", v.spec, cat, v)
+        ins = [vt[n.inputs[i].id] if i in op.saved_inputs else None for i in range(len(n.inputs))]
+        outs = [vt[o.id] if i in op.saved_outputs else None for i, o in enumerate(n.outputs)]
+        specs_in = [v.spec for v in n.inputs]
+        specs_out = [o.spec for o in n.outputs]
+        reads = {t for t in ins + outs + gouts if t is not None}
+        s = b.step("backward", n.label, n, op.backward_workspace(specs_in, specs_out),
+                   reads=sorted(reads), writes=sorted({g for g in gins if g is not None}),
+                   ins=ins, outs=outs, gouts=gouts, gins=gins)
+        s.flops = 2 * op.flops(specs_in, specs_out)
+        for target, p in partials:
+            b.step("accumulate", f"{n.label}:accumulate", reads=[p], updates=[target])
+    for v in graph.params:
+        if v.id in grad_of:
+            sched.param_grads[vt[v.id]] = grad_of[v.id]
+
+
+def _updates(b, graph, vt, sched, optimizer):
+    for v in graph.params:
+        if vt[v.id] not in sched.param_grads:
+            continue                       # unused by the loss: no gradient, no update
+        states = [b.tensor(f"{v.name}:{name}", v.spec, OPT_STATE, v, name) for name in optimizer.state_names]
+        pid = vt[v.id]
+        b.step("update", f"{v.name}:update", workspace=optimizer.workspace(v.spec),
+               reads=[sched.param_grads[pid]], updates=[pid] + states, ins=[pid, sched.param_grads[pid]],
+               outs=states)

@@ -1,0 +1,206 @@
+"""Atomic safetensors checkpoints, PyTorch state_dict import and RNG state round trips.
+
+A checkpoint is one safetensors file; the caller's JSON-serialisable ``meta``
+dict lives in the safetensors header metadata under the key ``"minidnn"``.
+Every failure to read raises :class:`~minidnn.errors.CheckpointError` with a
+one-line message naming the file.
+"""
+
+import json
+import os
+import struct
+import tempfile
+import zipfile
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file, save
+
+from .errors import CheckpointError
+
+_META_KEY = "minidnn"
+
+# safetensors dtype names numpy understands natively; BF16 is widened by hand.
+_SAFETENSORS_DTYPES = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
+    "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
+    "F16": np.float16, "F32": np.float32, "F64": np.float64,
+}
+
+
+def _error(path, what, exc=None):
+    message = f"{path}: {what}" + (f" ({type(exc).__name__}: {exc})" if exc is not None else "")
+    return CheckpointError(" ".join(message.split()))  # one line, whatever the cause said
+
+
+def save_checkpoint(path, tensors, meta):
+    """Write ``tensors`` (name -> ndarray) and ``meta`` (a JSON-serialisable dict) to ``path``.
+
+    The file is written to a temporary sibling, fsynced and moved into place with
+    ``os.replace``, so a crash at any point leaves the previous checkpoint intact.
+    """
+    path = os.fspath(path)
+    if not isinstance(meta, dict):
+        raise _error(path, f"meta must be a dict, got {type(meta).__name__}")
+    try:
+        meta_json = json.dumps(meta)
+    except (TypeError, ValueError) as exc:
+        raise _error(path, "meta is not JSON-serialisable", exc) from exc
+    arrays = {}
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise _error(path, f"tensor name {name!r} is not a string")
+        # safetensors rejects strided views; ascontiguousarray would turn 0-d into 1-d.
+        arrays[name] = np.require(value, requirements="C")
+    try:
+        payload = save(arrays, metadata={_META_KEY: meta_json})
+    except (SafetensorError, TypeError, ValueError) as exc:
+        raise _error(path, "cannot serialise tensors", exc) from exc
+    _write_atomic(path, payload)
+
+
+def _write_atomic(path, payload):
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # mkstemp creates 0600; keep the old file's mode, else the usual 0644.
+        os.chmod(tmp, os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory):
+    # Makes the rename itself durable; not every platform can open a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path):
+    """Read a checkpoint written by :func:`save_checkpoint`; returns ``(tensors, meta)``."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise _error(path, "checkpoint file not found")
+    try:
+        with safe_open(path, framework="numpy") as fh:
+            header = fh.metadata() or {}
+            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    except (SafetensorError, OSError, TypeError, ValueError) as exc:
+        raise _error(path, "not a valid safetensors checkpoint (truncated or corrupt)", exc) from exc
+    if _META_KEY not in header:
+        raise _error(path, f"safetensors file has no '{_META_KEY}' metadata; not a minidnn checkpoint")
+    try:
+        meta = json.loads(header[_META_KEY])
+    except ValueError as exc:
+        raise _error(path, "minidnn metadata is not valid JSON", exc) from exc
+    return tensors, meta
+
+
+def load_state_dict_file(path):
+    """Import a PyTorch-style state_dict saved as ``.safetensors`` or ``.npz`` as NumPy arrays.
+
+    Keys are kept as written (e.g. ``layer1.0.conv1.weight``).  bfloat16 tensors,
+    which NumPy lacks, are widened exactly to float32.
+    """
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".safetensors", ".npz"):
+        raise _error(path, f"unknown state_dict extension {ext!r}; export with "
+                           "safetensors (.safetensors) or numpy.savez (.npz)")
+    if not os.path.isfile(path):
+        raise _error(path, "state_dict file not found")
+    if ext == ".npz":
+        try:
+            # Own the handle: np.load(path) leaks it when the zip is corrupt.
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise _error(path, "not a valid .npz state_dict", exc) from exc
+    try:
+        return load_file(path)
+    except TypeError:
+        pass  # numpy cannot name BF16; decode the file ourselves below
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise _error(path, "not a valid safetensors state_dict", exc) from exc
+    try:
+        return _load_safetensors_manually(path)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        raise _error(path, "not a valid safetensors state_dict", exc) from exc
+
+
+def _load_safetensors_manually(path):
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + header_len])
+    data = memoryview(raw)[8 + header_len:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        chunk = data[begin:end]
+        if info["dtype"] == "BF16":
+            # bfloat16 is the top half of a float32, so shifting is exact.
+            bits = np.frombuffer(chunk, dtype="<u2").astype(np.uint32) << 16
+            array = bits.view(np.float32)
+        elif info["dtype"] in _SAFETENSORS_DTYPES:
+            array = np.frombuffer(chunk, dtype=np.dtype(_SAFETENSORS_DTYPES[info["dtype"]]).newbyteorder("<"))
+        else:
+            raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']}")
+        out[name] = array.reshape(info["shape"]).copy()
+    return out
+
+
+def rng_state(gen):
+    """JSON-serialisable snapshot of a ``numpy.random.Generator``'s bit generator state."""
+    return _to_json(gen.bit_generator.state)
+
+
+def _to_json(value):
+    if isinstance(value, dict):
+        return {key: _to_json(item) for key, item in value.items()}
+    if isinstance(value, np.ndarray):  # MT19937 keeps its key as an array
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _from_json(value):
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
+        return {key: _from_json(item) for key, item in value.items()}
+    return value
+
+
+def restore_rng(state):
+    """Rebuild a ``numpy.random.Generator`` from :func:`rng_state`'s output."""
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    bit_generator_type = getattr(np.random, str(name), None)
+    if not (isinstance(bit_generator_type, type) and issubclass(bit_generator_type, np.random.BitGenerator)):
+        raise CheckpointError(f"RNG state names unknown bit generator {name!r}")
+    bit_generator = bit_generator_type()
+    try:
+        bit_generator.state = _from_json(state)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"invalid {name} RNG state: {exc}") from exc
+    return np.random.Generator(bit_generator)

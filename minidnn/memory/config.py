@@ -1,0 +1,61 @@
+"""What the user says about memory: a budget and a policy."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text) -> int:
+    """``"12GiB"``, ``"512 MiB"``, ``"1.5GB"`` or an int -> bytes."""
+    if isinstance(text, (int,)) and not isinstance(text, bool):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: use bytes or a unit such as '512MiB', '12GiB', '16GB'")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+@dataclass
+class MemoryConfig:
+    """The memory budget and how to meet it.
+
+    ``budget``: ``None`` (no limit), bytes (int), a size string (``"12GiB"``),
+    or a fraction of the liveness peak (a float in (0, 1], or ``"60%"``). It
+    covers every byte the framework holds on the device: the persistent part
+    (parameters, gradients, optimizer state, BN statistics) plus the arena.
+    ``poison`` fills every freed region with NaN bytes, to prove nothing reads
+    stale memory; ``check`` verifies at run time that no two live buffers overlap.
+    """
+
+    budget: object = None
+    policy: str = "auto"
+    poison: bool = False
+    check: bool = False
+
+    def resolve(self, liveness_peak: int):
+        """The budget in bytes (None for unlimited), given the liveness peak."""
+        b = self.budget
+        if b is None:
+            return None
+        if isinstance(b, str) and b.strip().endswith("%"):
+            b = float(b.strip()[:-1]) / 100
+        if isinstance(b, float):
+            if not 0 < b <= 1:
+                raise ValueError(f"a fractional budget must be in (0, 1], got {b}")
+            return int(b * liveness_peak)
+        n = parse_bytes(b)
+        if n <= 0:
+            raise ValueError(f"the budget must be positive, got {b!r}")
+        return n

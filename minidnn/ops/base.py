@@ -1,0 +1,81 @@
+"""The op protocol: forward and backward side by side, over buffers handed in.
+
+An op never allocates a tensor. The executor hands it views into the arena:
+``ins`` and ``outs`` for the forward; for the backward, the inputs and outputs
+it declared in ``saved_inputs``/``saved_outputs`` (the others are ``None``),
+the output gradients ``gouts`` and the input-gradient buffers ``gins`` to
+overwrite (``None`` where no gradient is wanted). Scratch memory comes as one
+byte buffer ``ws`` of the size the op asked for, cut with :func:`carve`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Spec, find_graph, as_value
+
+from ..schedule import aligned as align
+
+
+def nbytes_of(shapes_dtypes) -> int:
+    """Bytes of a list of (shape, dtype) scratch arrays, each aligned."""
+    return sum(align(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize) for s, d in shapes_dtypes)
+
+
+def carve(ws, shapes_dtypes):
+    """Cut typed arrays out of the byte buffer ``ws`` (as :func:`nbytes_of` sized it)."""
+    out, off = [], 0
+    for shape, dtype in shapes_dtypes:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        out.append(ws[off:off + n].view(dtype).reshape(shape))
+        off += align(n)
+    return out
+
+
+class Op:
+    """Base class of every op; subclasses set the class attributes they need."""
+
+    name = "op"
+    saved_inputs: tuple = ()    # inputs the backward reads
+    saved_outputs: tuple = ()   # outputs the backward reads
+    no_grad_inputs: tuple = ()  # inputs that never get a gradient (labels, BN running stats)
+    is_loss = False             # the backward seeds itself with d(loss) = 1
+    recomputable = True         # the forward may run again during the backward
+    flops_per_output = 1        # rough cost model hint, refined by ops that know better
+
+    def infer(self, *specs: Spec) -> list:
+        raise NotImplementedError
+
+    def workspace(self, in_specs, out_specs) -> int:
+        return 0
+
+    def backward_workspace(self, in_specs, out_specs) -> int:
+        return 0
+
+    def flops(self, in_specs, out_specs) -> float:
+        return float(sum(int(np.prod(s.shape)) for s in out_specs)) * self.flops_per_output
+
+    def forward(self, ctx, ins, outs, ws):
+        raise NotImplementedError
+
+    def backward(self, ctx, ins, outs, gouts, gins, ws):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return self.name
+
+
+def apply(op, *inputs):
+    """Record ``op`` on traced ``inputs`` (values or Parameters); return its output(s)."""
+    g = find_graph(*inputs)
+    vals = [as_value(g, x) for x in inputs]
+    outs = g.apply(op, vals)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def same_float(*specs):
+    dt = specs[0].dtype
+    for s in specs[1:]:
+        if s.dtype != dt:
+            from ..errors import ShapeError
+            raise ShapeError(f"dtype mismatch: {np.dtype(dt).name} vs {np.dtype(s.dtype).name}")
+    return dt

@@ -1,0 +1,94 @@
+"""Losses: terminal ops whose backward seeds d(loss) = 1 itself."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph import Spec
+from .base import Op, apply, carve, nbytes_of
+
+
+class CrossEntropyOp(Op):
+    """Mean softmax cross-entropy of logits (N, K) against class indices (N,)."""
+
+    name = "cross_entropy"
+    saved_inputs = (0, 1)
+    no_grad_inputs = (1,)
+    is_loss = True
+    flops_per_output = 5
+
+    def infer(self, logits, labels):
+        if len(logits.shape) != 2:
+            raise ShapeError(f"expected logits of shape (N, classes), got {logits.shape}")
+        if labels.shape != (logits.shape[0],) or np.dtype(labels.dtype).kind not in "iu":
+            raise ShapeError(f"expected integer labels of shape ({logits.shape[0]},), got {labels.shape}")
+        return [Spec((), logits.dtype)]
+
+    def flops(self, ins, outs):
+        return 5.0 * np.prod(ins[0].shape)
+
+    def _scratch(self, logits):
+        n, k = logits.shape
+        return [((n, k), logits.dtype), ((n, k), logits.dtype), ((n, 1), logits.dtype)]
+
+    def workspace(self, ins, outs):
+        return nbytes_of(self._scratch(ins[0]))
+
+    backward_workspace = workspace
+
+    def _log_softmax(self, x, ws):
+        z, e, m = carve(ws, self._scratch(x))
+        np.max(x, axis=1, keepdims=True, out=m)
+        np.subtract(x, m, out=z)
+        np.exp(z, out=e)
+        np.sum(e, axis=1, keepdims=True, out=m)
+        np.log(m, out=m)
+        z -= m
+        return z
+
+    def forward(self, ctx, ins, outs, ws):
+        logits, labels = ins
+        z = self._log_softmax(logits, ws)
+        outs[0][...] = -z[np.arange(len(labels)), labels].mean()
+
+    def backward(self, ctx, ins, outs, gouts, gins, ws):
+        logits, labels = ins
+        gx = gins[0]
+        z = self._log_softmax(logits, ws)
+        np.exp(z, out=gx)
+        gx[np.arange(len(labels)), labels] -= 1
+        gx *= gx.dtype.type(1.0 / len(labels))
+
+
+class MSEOp(Op):
+    name = "mse"
+    saved_inputs = (0, 1)
+    no_grad_inputs = (1,)
+    is_loss = True
+
+    def infer(self, pred, target):
+        if pred.shape != target.shape:
+            raise ShapeError(f"prediction shape {pred.shape} != target shape {target.shape}")
+        return [Spec((), pred.dtype)]
+
+    def workspace(self, ins, outs):
+        return nbytes_of([(ins[0].shape, ins[0].dtype)])
+
+    def forward(self, ctx, ins, outs, ws):
+        (d,) = carve(ws, [(ins[0].shape, ins[0].dtype)])
+        np.subtract(ins[0], ins[1], out=d)
+        d = d.ravel()
+        outs[0][...] = np.dot(d, d) / d.size
+
+    def backward(self, ctx, ins, outs, gouts, gins, ws):
+        gx = gins[0]
+        np.subtract(ins[0], ins[1], out=gx)
+        gx *= gx.dtype.type(2.0 / gx.size)
+
+
+def cross_entropy(logits, labels):
+    return apply(CrossEntropyOp(), logits, labels)
+
+
+def mse_loss(pred, target):
+    return apply(MSEOp(), pred, target)

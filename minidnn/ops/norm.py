@@ -1,0 +1,65 @@
+"""Batch normalization over (N, H, W) per channel, PyTorch's semantics.
+
+Training-mode forward writes the batch mean and inverse std as two small extra
+outputs (the backward reads them) and updates the running statistics in place
+- except when it runs again as a recomputation, so statistics move once a step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph import Spec
+from .base import Op, apply
+
+
+class BatchNorm2dOp(Op):
+    name = "batch_norm2d"
+    saved_inputs = (0, 1)
+    saved_outputs = (1, 2)
+    no_grad_inputs = (3, 4)
+    flops_per_output = 8
+
+    def __init__(self, training=True, momentum=0.1, eps=1e-5):
+        self.training, self.momentum, self.eps = training, momentum, eps
+        if not training:
+            self.saved_outputs = ()
+
+    def infer(self, x, gamma, beta, rmean, rvar):
+        if len(x.shape) != 4:
+            raise ShapeError(f"expected a 4-D input (N, C, H, W), got {len(x.shape)}-D")
+        c = x.shape[1]
+        if gamma.shape != (c,):
+            raise ShapeError(f"expected {gamma.shape[0]} channels, got {c}")
+        if self.training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
+            raise ShapeError("expected more than 1 value per channel when training")
+        return [Spec(x.shape, x.dtype), Spec((c,), x.dtype), Spec((c,), x.dtype)]
+
+    def forward(self, ctx, ins, outs, ws):
+        x, gamma, beta, rmean, rvar = ins
+        y, mean, invstd = outs
+        if not self.training:
+            np.add(rvar, self.eps, out=invstd)
+            np.sqrt(invstd, out=invstd)
+            np.reciprocal(invstd, out=invstd)
+            ctx.k.bn_forward_train(x, gamma, beta, rmean, invstd, y)
+            return
+        ctx.k.bn_stats(x, mean, invstd)          # invstd holds the biased variance here
+        if not ctx.recompute:
+            m = x.shape[0] * x.shape[2] * x.shape[3]
+            mom = self.momentum
+            rmean *= 1 - mom
+            rmean += mom * mean
+            rvar *= 1 - mom
+            rvar += (mom * m / (m - 1)) * invstd
+        invstd += self.eps
+        np.sqrt(invstd, out=invstd)
+        np.reciprocal(invstd, out=invstd)
+        ctx.k.bn_forward_train(x, gamma, beta, mean, invstd, y)
+
+    def backward(self, ctx, ins, outs, gouts, gins, ws):
+        ctx.k.bn_backward(ins[0], gouts[0], ins[1], outs[1], outs[2], gins[0], gins[1], gins[2])
+
+
+def batch_norm2d(x, weight, bias, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
+    return apply(BatchNorm2dOp(training, momentum, eps), x, weight, bias, running_mean, running_var)[0]

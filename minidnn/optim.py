@@ -1,0 +1,173 @@
+"""Optimizers and learning-rate schedules.
+
+An optimizer is a policy object handed to ``minidnn.compile``: it names the
+state it keeps per parameter (allocated once in the persistent region) and
+updates one parameter in place per ``update`` step, with scratch memory from
+the arena. Hyperparameters live on the object, so a schedule changes ``lr``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class Optimizer:
+    state_names: tuple = ()
+
+    def __init__(self, lr):
+        if lr < 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        self.lr = lr
+        self.initial_lr = lr
+
+    def workspace(self, spec) -> int:
+        """Scratch bytes one update of a parameter of ``spec`` needs."""
+        return spec.nbytes
+
+    def update(self, p, g, states, ws, t):
+        """Update parameter ``p`` in place from gradient ``g``; ``t`` counts steps from 1."""
+        raise NotImplementedError
+
+    def state_dict(self):
+        return {k: v for k, v in vars(self).items() if isinstance(v, (int, float, bool))}
+
+    def load_state_dict(self, d):
+        for k, v in d.items():
+            setattr(self, k, v)
+
+
+def _scratch(ws, p):
+    return ws[:p.nbytes].view(p.dtype).reshape(p.shape)
+
+
+class SGD(Optimizer):
+    """SGD with momentum, Nesterov momentum and L2 weight decay (PyTorch's update rule)."""
+
+    def __init__(self, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+        super().__init__(lr)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
+        self.state_names = ("momentum_buffer",) if momentum else ()
+
+    def workspace(self, spec):
+        return (2 if self.nesterov else 1) * spec.nbytes
+
+    def update(self, p, g, states, ws, t):
+        d = _scratch(ws, p)
+        dt = p.dtype.type
+        if self.weight_decay:
+            np.multiply(p, dt(self.weight_decay), out=d)
+            d += g
+        else:
+            np.copyto(d, g)
+        if self.momentum:
+            (buf,) = states
+            if t == 1:
+                np.copyto(buf, d)
+            else:
+                buf *= dt(self.momentum)
+                if self.dampening:
+                    buf += dt(1 - self.dampening) * d
+                else:
+                    buf += d
+            if self.nesterov:
+                e = ws[p.nbytes:2 * p.nbytes].view(p.dtype).reshape(p.shape)
+                np.multiply(buf, dt(self.momentum), out=e)
+                d += e
+            else:
+                np.copyto(d, buf)
+        d *= dt(self.lr)
+        p -= d
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba); with ``decoupled`` weight decay it is AdamW."""
+
+    state_names = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+        super().__init__(lr)
+        self.beta1, self.beta2 = betas
+        self.eps, self.weight_decay, self.decoupled = eps, weight_decay, decoupled
+
+    def workspace(self, spec):
+        return 2 * spec.nbytes
+
+    def update(self, p, g, states, ws, t):
+        m, v = states
+        dt = p.dtype.type
+        n = p.nbytes
+        a = ws[:n].view(p.dtype).reshape(p.shape)
+        b = ws[n:2 * n].view(p.dtype).reshape(p.shape)
+        if t == 1:
+            m[...] = 0
+            v[...] = 0
+        if self.weight_decay and self.decoupled:
+            p *= dt(1 - self.lr * self.weight_decay)
+        if self.weight_decay and not self.decoupled:
+            np.multiply(p, dt(self.weight_decay), out=a)
+            a += g
+        else:
+            np.copyto(a, g)
+        m *= dt(self.beta1)
+        m += dt(1 - self.beta1) * a
+        np.multiply(a, a, out=b)
+        v *= dt(self.beta2)
+        b *= dt(1 - self.beta2)
+        v += b
+        bc1 = 1 - self.beta1 ** t
+        bc2 = 1 - self.beta2 ** t
+        np.divide(v, dt(bc2), out=b)
+        np.sqrt(b, out=b)
+        b += dt(self.eps)
+        np.divide(m, b, out=a)
+        a *= dt(self.lr / bc1)
+        p -= a
+
+
+class AdamW(Adam):
+    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(lr, betas, eps, weight_decay, decoupled=True)
+
+
+class LRSchedule:
+    """Sets ``optimizer.lr`` per epoch; call ``step()`` once at the end of each epoch."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.epoch = 0
+
+    def lr_at(self, epoch) -> float:
+        raise NotImplementedError
+
+    def step(self):
+        self.epoch += 1
+        self.optimizer.lr = self.lr_at(self.epoch)
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, d):
+        self.epoch = d["epoch"]
+        self.optimizer.lr = self.lr_at(self.epoch)
+
+
+class StepLR(LRSchedule):
+    def __init__(self, optimizer, step_size, gamma=0.1):
+        super().__init__(optimizer)
+        self.step_size, self.gamma = step_size, gamma
+
+    def lr_at(self, epoch):
+        return self.optimizer.initial_lr * self.gamma ** (epoch // self.step_size)
+
+
+class CosineAnnealingLR(LRSchedule):
+    def __init__(self, optimizer, T_max, eta_min=0.0):
+        super().__init__(optimizer)
+        self.T_max, self.eta_min = T_max, eta_min
+
+    def lr_at(self, epoch):
+        e = min(epoch, self.T_max)
+        return self.eta_min + (self.optimizer.initial_lr - self.eta_min) * (1 + math.cos(math.pi * e / self.T_max)) / 2

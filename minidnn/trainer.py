@@ -1,0 +1,144 @@
+"""``minidnn.compile``: a network, a loss, an optimizer and a memory budget in; a Trainer out."""
+from __future__ import annotations
+
+import numpy as np
+
+from .autograd import build_schedule
+from .backend import get_backend
+from .errors import ShapeError
+from .executor import Context, Executor
+from .graph import trace
+from .memory import MemoryConfig, plan_memory
+from .persistent import PersistentStore
+
+
+class Trainer:
+    """Trains ``net`` one step at a time under a memory plan made before the first step.
+
+    Each input shape gets its own schedule and plan (the last partial batch, or
+    ``predict`` in eval mode), cached by shape; all share the persistent region
+    and one arena sized for the largest.
+    """
+
+    def __init__(self, net, input_shape, loss, optimizer, device="cpu", memory=None, dtype=np.float32, seed=0):
+        self.net, self.loss, self.optimizer = net, loss, optimizer
+        self.input_shape = tuple(input_shape)
+        self.dtype = np.dtype(dtype)
+        self.memory = memory if isinstance(memory, MemoryConfig) else MemoryConfig(budget=memory)
+        self.backend = get_backend(device)
+        self.rng = np.random.default_rng(seed)
+        self.steps_done = 0
+        for p in net.parameters():
+            if p.data.dtype != self.dtype:
+                p.data = p.data.astype(self.dtype)
+        for name, b in net.named_buffers():
+            if b.data.dtype.kind == "f" and b.data.dtype != self.dtype:
+                b.data = b.data.astype(self.dtype)
+        for name, p in net.named_parameters():
+            p.qualname = name
+        for name, b in net.named_buffers():
+            b.qualname = name
+        self._plans: dict = {}
+        first = self._schedule(self.input_shape, training=True)
+        self.store = PersistentStore(self.backend, first, optimizer)
+        self.executor = Executor(self.backend, self.store, poison=self.memory.poison, check=self.memory.check)
+        self._plans[("train", self.input_shape)] = plan_memory(first, self.memory)
+
+    # -- planning -----------------------------------------------------------
+    def _schedule(self, shape, training):
+        was = self.net.training
+        self.net.train(training)
+        try:
+            graph = trace(self.net, shape, self.dtype, loss=self.loss if training else None)
+        finally:
+            self.net.train(was)
+        return build_schedule(graph, training=training, optimizer=self.optimizer if training else None)
+
+    def plan_for(self, shape, training=True):
+        key = ("train" if training else "eval", tuple(shape))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = plan_memory(self._schedule(tuple(shape), training), self.memory)
+        return plan
+
+    @property
+    def plan(self):
+        """The plan of a training step at the compiled input shape."""
+        return self._plans[("train", self.input_shape)]
+
+    # -- running ------------------------------------------------------------
+    def _check_input(self, x):
+        x = np.asarray(x)
+        if x.ndim != len(self.input_shape) or x.shape[1:] != self.input_shape[1:]:
+            raise ShapeError(f"step: expected input of shape (batch, {', '.join(map(str, self.input_shape[1:]))}),"
+                             f" got {x.shape}")
+        if x.dtype.kind not in "fiu":
+            raise ShapeError(f"step: expected a numeric input, got dtype {x.dtype}")
+        return x
+
+    def _check_labels(self, plan, y):
+        y = np.asarray(y)
+        spec = plan.schedule.tensor(plan.schedule.inputs[1]).spec
+        if y.shape != spec.shape:
+            raise ShapeError(f"step: expected labels of shape {spec.shape}, got {y.shape}")
+        if np.dtype(spec.dtype).kind in "iu":
+            if y.dtype.kind not in "iu":
+                raise ShapeError(f"step: expected integer class labels, got dtype {y.dtype}")
+            classes = self._num_classes(plan)
+            if y.size and (y.min() < 0 or y.max() >= classes):
+                raise ValueError(f"step: labels must be in [0, {classes}), got values in [{y.min()}, {y.max()}]")
+        return y
+
+    @staticmethod
+    def _num_classes(plan):
+        loss_node = plan.schedule.graph.outputs[0].producer
+        return loss_node.inputs[0].shape[1]
+
+    def step(self, x, y) -> float:
+        """One training step on a batch; returns the loss."""
+        x = self._check_input(x)
+        plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
+        y = self._check_labels(plan, y)
+        ctx = Context(self.backend.k, self.rng)
+        out = self.executor.run(plan, ctx, [x, y], self.optimizer, self.steps_done + 1)
+        self.steps_done += 1
+        for m in self.net.modules():
+            nbt = getattr(m, "num_batches_tracked", None)
+            if nbt is not None and m.training:
+                nbt.data += 1
+        return float(out[plan.schedule.loss])
+
+    def predict(self, x) -> np.ndarray:
+        """The network's output for ``x`` in eval mode (a new array)."""
+        x = self._check_input(x)
+        plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
+        ctx = Context(self.backend.k, self.rng)
+        return self.executor.run(plan, ctx, [x])[plan.schedule.outputs[0]]
+
+    # -- accounting ---------------------------------------------------------
+    @property
+    def ideal_bytes(self):
+        return self.plan.ideal_bytes
+
+    @property
+    def liveness_peak_bytes(self):
+        return self.plan.liveness_peak_bytes
+
+    @property
+    def persistent_bytes(self):
+        return self.store.nbytes
+
+    @property
+    def measured_peak_bytes(self):
+        """Persistent region + the arena high-water mark the executor measured in its last run."""
+        return self.store.nbytes + self.executor.high_water_bytes
+
+
+def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, dtype=np.float32, seed=0) -> Trainer:
+    """Trace ``net`` with ``loss`` at ``input_shape`` (batch first), plan memory, and return a Trainer.
+
+    ``memory`` is a :class:`MemoryConfig`, a budget (bytes, ``"512MiB"``, a
+    fraction of the liveness peak) or None for no limit. ``seed`` seeds the
+    trainer's own random stream (dropout), so seeded runs repeat bit for bit.
+    """
+    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed)

@@ -1,0 +1,134 @@
+"""VGG 11/13/16/19 (Simonyan & Zisserman, 2014), with and without BatchNorm, as in torchvision.
+
+Names equal torchvision's: ``features.<i>`` (the conv/BN/ReLU/pool stack),
+``avgpool`` and ``classifier.0/3/6`` (the Linear layers; 2 and 5 are Dropout).
+
+torchvision's ``avgpool`` is ``AdaptiveAvgPool2d((7, 7))``; minidnn's adaptive
+pooling only reduces to 1x1, so ``avgpool`` is an ``Identity`` and the
+features must already be ``image_size // 32`` square. At the default 224x224
+that is torchvision's 7x7, so the two models are the same function. With
+``image_size`` other than 224 (e.g. 32 for CIFAR) the same convolution stack is
+kept and only the first Linear layer's ``in_features`` changes, to
+``512 * (image_size // 32) ** 2``; the state_dict keys stay the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from minidnn import nn
+from minidnn.errors import ShapeError
+
+from . import _init
+
+# Channels of each 3x3 convolution, "M" for a 2x2 max pool (torchvision's configurations A, B, D, E).
+cfgs = {
+    "A": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "B": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "D": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+    "E": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+          512, 512, 512, 512, "M"],
+}
+
+
+def make_layers(cfg, batch_norm=False, in_channels=3):
+    layers = []
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+        else:
+            layers.append(nn.Conv2d(in_channels, v, kernel_size=3, padding=1))
+            if batch_norm:
+                layers.append(nn.BatchNorm2d(v))
+            layers.append(nn.ReLU(inplace=True))
+            in_channels = v
+    return nn.Sequential(*layers)
+
+
+class VGG(nn.Module):
+    def __init__(self, features, num_classes=1000, init_weights=True, dropout=0.5, image_size=224):
+        super().__init__()
+        if image_size < 32:
+            raise ValueError(f"VGG halves the image five times: image_size must be at least 32, got {image_size}")
+        self.map_size = image_size // 32
+        self.features = features
+        self.avgpool = nn.Identity()  # torchvision: AdaptiveAvgPool2d((7, 7)); see the module docstring
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * self.map_size * self.map_size, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(p=dropout),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(p=dropout),
+            nn.Linear(4096, num_classes),
+        )
+        if init_weights:
+            self._init_weights(np.random.default_rng())
+
+    def _init_weights(self, rng):
+        # torchvision's initialization.
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                _init.kaiming_normal_(m.weight, rng, mode="fan_out")
+                if m.bias is not None:
+                    _init.constant_(m.bias, 0)
+            elif isinstance(m, nn.BatchNorm2d):
+                _init.constant_(m.weight, 1)
+                _init.constant_(m.bias, 0)
+            elif isinstance(m, nn.Linear):
+                _init.normal_(m.weight, rng, 0.01)
+                _init.constant_(m.bias, 0)
+
+    def forward(self, x):
+        x = self.features(x)
+        s = self.map_size
+        if tuple(x.shape[2:]) != (s, s):
+            raise ShapeError(f"avgpool: this VGG was built for {s}x{s} feature maps "
+                             f"(image_size={32 * s}), got {x.shape[2]}x{x.shape[3]}; pass image_size=")
+        x = self.avgpool(x)
+        x = nn.functional.flatten(x, 1)
+        return self.classifier(x)
+
+
+def _vgg(cfg, batch_norm, num_classes, image_size, **kwargs):
+    return VGG(make_layers(cfgs[cfg], batch_norm=batch_norm), num_classes=num_classes,
+               image_size=image_size, **kwargs)
+
+
+def vgg11(num_classes=1000, image_size=224, **kwargs):
+    """VGG-11 (configuration A)."""
+    return _vgg("A", False, num_classes, image_size, **kwargs)
+
+
+def vgg11_bn(num_classes=1000, image_size=224, **kwargs):
+    """VGG-11 with BatchNorm after each convolution."""
+    return _vgg("A", True, num_classes, image_size, **kwargs)
+
+
+def vgg13(num_classes=1000, image_size=224, **kwargs):
+    """VGG-13 (configuration B)."""
+    return _vgg("B", False, num_classes, image_size, **kwargs)
+
+
+def vgg13_bn(num_classes=1000, image_size=224, **kwargs):
+    """VGG-13 with BatchNorm after each convolution."""
+    return _vgg("B", True, num_classes, image_size, **kwargs)
+
+
+def vgg16(num_classes=1000, image_size=224, **kwargs):
+    """VGG-16 (configuration D)."""
+    return _vgg("D", False, num_classes, image_size, **kwargs)
+
+
+def vgg16_bn(num_classes=1000, image_size=224, **kwargs):
+    """VGG-16 with BatchNorm after each convolution."""
+    return _vgg("D", True, num_classes, image_size, **kwargs)
+
+
+def vgg19(num_classes=1000, image_size=224, **kwargs):
+    """VGG-19 (configuration E)."""
+    return _vgg("E", False, num_classes, image_size, **kwargs)
+
+
+def vgg19_bn(num_classes=1000, image_size=224, **kwargs):
+    """VGG-19 with BatchNorm after each convolution."""
+    return _vgg("E", True, num_classes, image_size, **kwargs)
