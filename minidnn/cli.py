@@ -91,7 +91,7 @@ def cmd_models(args):
     from . import models
     from .autograd import build_schedule
     from .graph import trace
-    from .memory import format_bytes, plan_resident
+    from .memory import format_bytes, plan_memory
     from .nn import CrossEntropyLoss
     from .optim import SGD
     rows = []
@@ -104,7 +104,7 @@ def cmd_models(args):
         except MinidnnError as e:
             rows.append((name, "-", "-", "-", "-", f"({str(e).splitlines()[0][:60]})"))
             continue
-        plan = plan_resident(build_schedule(g, optimizer=SGD(lr=0.1, momentum=0.9)))
+        plan = plan_memory(build_schedule(g, optimizer=SGD(lr=0.1, momentum=0.9)))
         flops = sum(n.op.flops([v.spec for v in n.inputs], [o.spec for o in n.outputs]) for n in g.nodes)
         rows.append((name, f"{net.num_parameters() / 1e6:.2f}M", f"{flops / args.batch_size / 1e9:.2f}",
                      format_bytes(plan.ideal_bytes), format_bytes(plan.liveness_peak_bytes), ""))

@@ -1,14 +1,18 @@
 """The executor: carries out a Plan on a backend, with views into one arena.
 
 Offsets are static, so every step's buffers are bound once per plan (views
-into the arena) and a step is then just a kernel call. The executor keeps its
-own account of the arena as it runs - what each step allocates and frees - so
-its measured high-water mark can be checked against the plan's, and with
-``check`` it proves that no two live buffers share a byte; with ``poison`` it
-fills every freed region with NaN bytes.
+into the arena, and into the host store for offloaded tensors) and a step is
+then a kernel call. Offloads and prefetches go to the backend's copy stream;
+a step waits for the prefetches of what it touches, and an offloaded buffer is
+freed only once its copy is done. The executor keeps its own account of the
+arena as it runs, so its measured high-water mark can be checked against the
+plan's; with ``check`` it proves that no two live buffers share a byte, and
+with ``poison`` it fills every freed region with NaN bytes.
 """
 from __future__ import annotations
 
+import bisect
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,72 +33,121 @@ class Context:
 
 
 class _Bound:
-    """A plan bound to an arena: per step, the arrays each argument refers to."""
+    """A plan bound to an arena and a host store: per step, the arrays each argument refers to."""
 
-    def __init__(self, plan, arena, store):
+    def __init__(self, plan, arena, host, store):
         self.plan = plan
-        sched = plan.schedule
-        views = {}
-        for t, off in plan.offsets.items():
-            tt = sched.tensor(t)
-            views[t] = arena[off:off + tt.nbytes].view(tt.spec.dtype).reshape(tt.spec.shape)
+        prog = plan.program
+        by_tensor: dict[int, list] = {}
+        for k, r in enumerate(prog.residencies):
+            by_tensor.setdefault(r.tensor, []).append((r.start, r.end, k))
+        for lst in by_tensor.values():
+            lst.sort()
 
-        def v(t):
+        def view(t, i):
             if t is None:
                 return None
-            return views[t] if t in views else store.view(sched.tensor(t))
+            tt = prog.tensors[t]
+            if tt.persistent:
+                return store.view(tt)
+            lst = by_tensor[t]
+            j = bisect.bisect_right(lst, (i, float("inf"), 0)) - 1
+            start, end, k = lst[j]
+            assert start <= i <= end, f"{tt.name} is not resident at step {i}"
+            off = plan.offsets[k]
+            return arena[off:off + tt.nbytes].view(tt.spec.dtype).reshape(tt.spec.shape)
 
-        self.view = v
-        self.args = [([v(t) for t in s.ins], [v(t) for t in s.outs], [v(t) for t in s.gouts],
-                      [v(t) for t in s.gins], v(s.ws), [v(t) for t in s.reads], [v(t) for t in s.updates])
-                     for s in plan.steps]
-        n = len(plan.steps)
+        def host_view(t):
+            tt = prog.tensors[t]
+            off = prog.host_slots[t]
+            return host[off:off + tt.nbytes].view(tt.spec.dtype).reshape(tt.spec.shape)
+
+        self.view = view
+        self.args = []
+        for i, s in enumerate(prog.steps):
+            v = lambda t: view(t, i)  # noqa: E731
+            if s.kind == "offload":
+                extra = (v(s.reads[0]), host_view(s.reads[0]))
+            elif s.kind == "prefetch":
+                extra = (v(s.writes[0]), host_view(s.writes[0]))
+            else:
+                extra = None
+            self.args.append(([v(t) for t in s.ins], [v(t) for t in s.outs], [v(t) for t in s.gouts],
+                              [v(t) for t in s.gins], v(s.ws), [v(t) for t in s.reads],
+                              [v(t) for t in s.updates], extra))
+        n = len(prog.steps)
         self.allocs = [[] for _ in range(n)]
         self.frees = [[] for _ in range(n)]
-        for t, (a, b) in plan.spans.items():
-            self.allocs[a].append((plan.offsets[t], aligned(plan.sizes[t]), t))
-            self.frees[b].append((plan.offsets[t], aligned(plan.sizes[t]), t))
-        self.fetch = list(sched.outputs) + ([sched.loss] if sched.loss is not None else [])
+        for k, r in enumerate(prog.residencies):
+            size = aligned(prog.tensors[r.tensor].nbytes)
+            self.allocs[r.start].append((plan.offsets[k], size, r.tensor))
+            self.frees[r.end].append((plan.offsets[k], size, r.tensor, r.wait_offload))
+        self.fetch = list(plan.schedule.outputs) + ([plan.schedule.loss] if plan.schedule.loss is not None else [])
+        self.touched = [[t for t in s.touched if not prog.tensors[t].persistent] for s in prog.steps]
 
 
 class Executor:
-    """Runs plans on one backend, growing one arena to the largest plan it has seen."""
+    """Runs plans on one backend, growing one arena and one host store to the largest plan seen."""
 
     def __init__(self, backend, store, poison=False, check=False):
         self.backend = backend
         self.store = store
         self.poison, self.check = poison, check
         self.arena = backend.empty(0)
+        self.host = backend.host_empty(0)
+        self.copies = None
         self._bound: dict[int, _Bound] = {}
         self.high_water_bytes = 0       # measured arena high-water mark of the last run
+        self.step_seconds = None        # per-step wall times of the last profiled run
 
     def bind(self, plan) -> _Bound:
         b = self._bound.get(id(plan))
         if b is None:
+            grown = False
             if plan.arena_bytes > self.arena.nbytes:
                 self.arena = self.backend.empty(plan.arena_bytes)
-                self._bound.clear()
+                grown = True
                 if self.poison:
                     self.arena[...] = POISON_BYTE
-            b = self._bound[id(plan)] = _Bound(plan, self.arena, self.store)
+            if plan.host_bytes > self.host.nbytes:
+                self.host = self.backend.host_empty(plan.host_bytes)   # allocated once, up front
+                grown = True
+            if plan.host_bytes and self.copies is None:
+                self.copies = self.backend.copy_stream()
+            if grown:
+                self._bound.clear()
+            b = self._bound[id(plan)] = _Bound(plan, self.arena, self.host, self.store)
         return b
 
-    def run(self, plan, ctx, feeds, optimizer=None, t=0) -> dict:
+    def run(self, plan, ctx, feeds, optimizer=None, t=0, profile=False) -> dict:
         """Run one iteration of ``plan``; ``feeds`` are the arrays for the load step.
 
-        Returns host copies of the graph outputs and the loss, by tensor id."""
+        Returns host copies of the graph outputs and the loss, by tensor id.
+        With ``profile``, ``step_seconds`` gets each step's wall time.
+        """
         b = self.bind(plan)
-        sched = plan.schedule
+        steps = plan.program.steps
         live: dict[int, tuple] = {}
+        offloads: dict[int, object] = {}     # offload step index -> event
+        arriving: dict[int, object] = {}     # tensor id -> prefetch event
+        times = [] if profile else None
         high = 0
-        for i, step in enumerate(plan.steps):
+        fetched = {}
+        last = len(steps) - 1
+        for i, step in enumerate(steps):
             for off, size, tid in b.allocs[i]:
                 if self.check:
-                    self._check_free(live, off, size, tid, sched, step)
+                    self._check_free(live, off, size, tid, plan, step)
                 live[tid] = (off, size)
                 high = max(high, off + size)
-            ins, outs, gouts, gins, ws, reads, updates = b.args[i]
+            ins, outs, gouts, gins, ws, reads, updates, copy = b.args[i]
             kind = step.kind
+            if arriving:
+                for tid in b.touched[i]:
+                    ev = arriving.pop(tid, None)
+                    if ev is not None:
+                        self.copies.wait(ev)
+            t0 = time.perf_counter() if profile else 0.0
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)
                 if step.node.op.is_loss and not np.isfinite(outs[0]).all():
@@ -102,6 +155,16 @@ class Executor:
                                          f"parameters were not updated")
             elif kind == "backward":
                 step.node.op.backward(ctx, ins, outs, gouts, gins, ws)
+            elif kind == "recompute":
+                ctx.recompute = True
+                try:
+                    step.node.op.forward(ctx, ins, outs, ws)
+                finally:
+                    ctx.recompute = False
+            elif kind == "offload":
+                offloads[i] = self.copies.copy(copy[1], copy[0])
+            elif kind == "prefetch":
+                arriving[step.writes[0]] = self.copies.copy(copy[0], copy[1])
             elif kind == "accumulate":
                 ctx.k.add_inplace(updates[0], reads[0])
             elif kind == "update":
@@ -111,18 +174,25 @@ class Executor:
                     np.copyto(dst, src, casting="same_kind")
             else:
                 raise ValueError(f"unknown step kind {kind!r}")
-            if i == len(plan.steps) - 1:
-                fetched = {t: np.array(self.backend.to_host(b.view(t))) for t in b.fetch}
-            for off, size, tid in b.frees[i]:
+            if profile:
+                times.append(time.perf_counter() - t0)
+            if i == last:
+                fetched = {tid: np.array(self.backend.to_host(b.view(tid, i))) for tid in b.fetch}
+            for off, size, tid, wait in b.frees[i]:
+                if wait is not None:
+                    self.copies.wait(offloads.pop(wait))
                 del live[tid]
                 if self.poison:
                     self.arena[off:off + size] = POISON_BYTE
         self.high_water_bytes = high
+        if profile:
+            self.step_seconds = times
         return fetched
 
     @staticmethod
-    def _check_free(live, off, size, tid, sched, step):
+    def _check_free(live, off, size, tid, plan, step):
+        tensors = plan.program.tensors
         for other, (o, s) in live.items():
             if off < o + s and o < off + size:
-                raise AssertionError(f"step {step.index} ({step.label}): {sched.tensor(tid).name} "
-                                     f"[{off}, {off + size}) overlaps live {sched.tensor(other).name} [{o}, {o + s})")
+                raise AssertionError(f"step {step.index} ({step.label}): {tensors[tid].name} "
+                                     f"[{off}, {off + size}) overlaps live {tensors[other].name} [{o}, {o + s})")

@@ -104,9 +104,10 @@ class DenseNet(nn.Module):
                 num_features //= 2
         self.features.norm5 = nn.BatchNorm2d(num_features)
         self.classifier = nn.Linear(num_features, num_classes)
-        self._init_weights(np.random.default_rng())
+        self.init_weights(np.random.default_rng())
 
-    def _init_weights(self, rng):
+    def init_weights(self, rng):
+        """The network's own initialization (also run by ``init_parameters(seed)``)."""
         # torchvision's initialization ("official init from torch repo").
         for m in self.modules():
             if isinstance(m, nn.Conv2d):

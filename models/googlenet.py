@@ -98,9 +98,10 @@ class GoogLeNet(nn.Module):
         self.dropout = nn.Dropout(p=dropout)
         self.fc = nn.Linear(1024, num_classes)
         if init_weights:
-            self._init_weights(np.random.default_rng())
+            self.init_weights(np.random.default_rng())
 
-    def _init_weights(self, rng):
+    def init_weights(self, rng):
+        """The network's own initialization (also run by ``init_parameters(seed)``)."""
         # torchvision's initialization: truncated normal(0, 0.01) weights; Linear bias keeps its default.
         for m in self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):

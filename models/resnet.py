@@ -122,7 +122,8 @@ class ResNet(nn.Module):
         self.num_stages = len(layers)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(widths[-1] * block.expansion, num_classes)
-        self._init_weights(np.random.default_rng(), zero_init_residual)
+        self.zero_init_residual = zero_init_residual
+        self.init_weights(np.random.default_rng())
 
     def _make_layer(self, block, planes, blocks, stride=1):
         if blocks < 1:
@@ -140,7 +141,9 @@ class ResNet(nn.Module):
             layers.append(block(self.inplanes, planes))
         return nn.Sequential(*layers)
 
-    def _init_weights(self, rng, zero_init_residual):
+    def init_weights(self, rng):
+        """torchvision's initialization (also run by ``init_parameters(seed)``)."""
+        zero_init_residual = self.zero_init_residual
         # torchvision's initialization; Linear keeps the layer default.
         for m in self.modules():
             if isinstance(m, nn.Conv2d):

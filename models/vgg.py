@@ -62,9 +62,10 @@ class VGG(nn.Module):
             nn.Linear(4096, num_classes),
         )
         if init_weights:
-            self._init_weights(np.random.default_rng())
+            self.init_weights(np.random.default_rng())
 
-    def _init_weights(self, rng):
+    def init_weights(self, rng):
+        """The network's own initialization (also run by ``init_parameters(seed)``)."""
         # torchvision's initialization.
         for m in self.modules():
             if isinstance(m, nn.Conv2d):

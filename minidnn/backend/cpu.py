@@ -1,6 +1,9 @@
 """The CPU backend: NumPy arrays, minidnn's C++ kernels, memory as aligned byte buffers."""
 from __future__ import annotations
 
+import queue
+import threading
+
 import numpy as np
 
 from ..errors import BackendUnavailable
@@ -26,6 +29,11 @@ class CPUBackend:
         skip = (-raw.ctypes.data) % ALIGN
         return raw[skip:skip + int(nbytes)]
 
+    host_empty = empty   # the host store: plain memory here, pinned memory on CUDA
+
+    def copy_stream(self):
+        return CopyStream()
+
     def asarray(self, x, dtype=None):
         return np.asarray(x, dtype=dtype)
 
@@ -37,3 +45,45 @@ class CPUBackend:
 
     def describe(self) -> str:
         return "cpu (NumPy + minidnn._C)"
+
+
+class CopyStream:
+    """The CPU's copy engine: a worker thread running copies in FIFO order.
+
+    ``copy(dst, src)`` returns at once with a ``threading.Event`` that is set
+    when the copy is done; NumPy releases the GIL while copying, so copies
+    overlap with the compute thread as DMA overlaps with kernels on a GPU.
+    """
+
+    def __init__(self):
+        self._q: queue.Queue = queue.Queue()
+        self._error = None
+        self._thread = threading.Thread(target=self._work, name="minidnn-copy", daemon=True)
+        self._thread.start()
+
+    def _work(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            dst, src, done = item
+            try:
+                np.copyto(dst, src)
+            except BaseException as e:  # surfaced to the compute thread on wait()
+                self._error = e
+            done.set()
+
+    def copy(self, dst, src) -> threading.Event:
+        done = threading.Event()
+        self._q.put((dst, src, done))
+        return done
+
+    def wait(self, event):
+        event.wait()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"copy stream failed: {err}") from err
+
+    def close(self):
+        self._q.put(None)
+        self._thread.join()

@@ -1,6 +1,9 @@
-"""The memory manager: liveness, placement, planners and the Plan they produce."""
+"""The memory manager: liveness, lowering, placement, cost model, simulator and planners."""
 from .config import MemoryConfig, format_bytes, parse_bytes
+from .costmodel import MeasuredCost, ProfileCost
 from .plan import Plan
-from .planner import plan_memory, plan_resident
+from .planner import lower_bound, minimum_bytes, plan_memory
+from .profiles import PROFILES, DeviceProfile, get_profile
 
-__all__ = ["MemoryConfig", "Plan", "plan_memory", "plan_resident", "format_bytes", "parse_bytes"]
+__all__ = ["MemoryConfig", "Plan", "plan_memory", "lower_bound", "minimum_bytes", "format_bytes", "parse_bytes",
+           "MeasuredCost", "ProfileCost", "PROFILES", "DeviceProfile", "get_profile"]

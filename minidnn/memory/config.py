@@ -37,12 +37,23 @@ class MemoryConfig:
     (parameters, gradients, optimizer state, BN statistics) plus the arena.
     ``poison`` fills every freed region with NaN bytes, to prove nothing reads
     stale memory; ``check`` verifies at run time that no two live buffers overlap.
+    ``policy`` chooses how the planner meets the budget (``"auto"``, ``"none"``
+    or a policy object); ``profile`` is the device profile the cost model uses
+    when no measured times are given (see ``memory.profiles``).
     """
 
     budget: object = None
-    policy: str = "auto"
+    policy: object = "auto"
+    profile: object = "cpu-2core"
     poison: bool = False
     check: bool = False
+
+    def policy_object(self):
+        """The policy as an object (a name is looked up among the known policies)."""
+        if not isinstance(self.policy, str):
+            return self.policy
+        from .policies import get_policy
+        return get_policy(self.policy)
 
     def resolve(self, liveness_peak: int):
         """The budget in bytes (None for unlimited), given the liveness peak."""

@@ -1,7 +1,8 @@
-"""The Plan: where every arena tensor lives at every step, and what it costs."""
+"""The Plan: where every buffer of an iteration lives at every step, and what it costs."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 
 from .config import format_bytes
 
@@ -10,25 +11,57 @@ from .config import format_bytes
 class Plan:
     """A memory plan for one iteration, produced by a planner and carried out exactly.
 
-    Byte figures: ``persistent_bytes`` (parameters, gradients, optimizer and BN
-    state), ``arena_bytes`` (the arena's size: the largest end offset of any
-    placed buffer), ``peak_bytes`` = persistent + arena, ``ideal_bytes``
-    (persistent + every arena tensor resident at once), ``liveness_peak_bytes``
-    (persistent + the largest sum of bytes live at one step).
+    Byte figures (all include the persistent region - parameters, gradients,
+    optimizer and BN state - except ``arena_bytes``):
+
+    - ``ideal_bytes``: every tensor of the iteration resident at once;
+    - ``liveness_peak_bytes``: the largest sum of bytes live at one step when
+      nothing is evicted (static reuse of dead buffers only);
+    - ``lower_bound_bytes``: the largest working set of a single step (its
+      inputs, outputs and workspace), everything else off the device;
+    - ``minimum_bytes``: the smallest budget this planner can meet;
+    - ``peak_bytes``: what this plan uses = persistent + ``arena_bytes`` (the
+      largest end offset of any placed buffer); the executor measures the same.
+
+    ``program`` holds the executable steps (with offload, prefetch and
+    recompute steps inserted) and the residencies, one buffer each, whose
+    offsets ``offsets`` gives by residency index.
     """
 
     schedule: object
-    steps: list
-    spans: dict                   # tensor id -> (first step, last step)
-    offsets: dict                 # tensor id -> arena offset
-    sizes: dict                   # tensor id -> bytes
+    program: object
+    offsets: dict
     persistent_bytes: int
     arena_bytes: int
     ideal_bytes: int
     liveness_peak_bytes: int
-    live_curve: list = field(default_factory=list)   # arena bytes live at each step
+    lower_bound_bytes: int = None
+    minimum_bytes: int = None
     budget: int = None
     policy: str = "none"
+    simulation: object = None       # predicted time and memory of this plan
+    baseline: object = None         # the same for the plan with unlimited memory
+    evictions: dict = None          # {(tensor, gap): Evict}
+    host_bytes: int = 0
+    placement: str = "single pool"
+
+    # -- views used by the executor, tests and traces ---------------------------
+    @property
+    def steps(self):
+        return self.program.steps
+
+    @property
+    def spans(self) -> dict:
+        return {k: (r.start, r.end) for k, r in enumerate(self.program.residencies)}
+
+    @property
+    def sizes(self) -> dict:
+        return {k: self.program.tensors[r.tensor].nbytes for k, r in enumerate(self.program.residencies)}
+
+    @property
+    def live_curve(self) -> list:
+        from .simulator import memory_curve
+        return memory_curve(self.program).tolist()
 
     @property
     def peak_bytes(self) -> int:
@@ -36,27 +69,67 @@ class Plan:
 
     @property
     def fragmentation_bytes(self) -> int:
-        return self.peak_bytes - self.liveness_peak_bytes
+        """Plan peak minus the largest sum of bytes live at any step of this plan."""
+        return self.arena_bytes - max(self.live_curve, default=0)
+
+    @property
+    def predicted_seconds(self):
+        return self.simulation.seconds if self.simulation else None
+
+    @property
+    def predicted_overhead(self):
+        """Predicted step time relative to unlimited memory, minus one."""
+        if not (self.simulation and self.baseline and self.baseline.seconds):
+            return None
+        return self.simulation.seconds / self.baseline.seconds - 1
+
+    def decisions(self) -> dict:
+        """tensor name -> "offload" / "recompute" (for tensors evicted in at least one gap)."""
+        out = {}
+        for (t, _), ev in (self.evictions or {}).items():
+            out.setdefault(self.schedule.tensors[t].name, ev.kind)
+        return out
 
     def summary(self, top=10) -> str:
-        s = self.schedule
-        lines = [
-            f"plan ({self.policy}): {len(self.steps)} steps, {len(self.offsets)} arena buffers",
-            f"  ideal (no reuse)      {format_bytes(self.ideal_bytes):>12}  ({self.ideal_bytes} B)",
-            f"  liveness peak         {format_bytes(self.liveness_peak_bytes):>12}  ({self.liveness_peak_bytes} B)",
-            f"  plan peak             {format_bytes(self.peak_bytes):>12}  ({self.peak_bytes} B)"
-            f" = persistent {format_bytes(self.persistent_bytes)} + arena {format_bytes(self.arena_bytes)}",
-            f"  fragmentation         {format_bytes(self.fragmentation_bytes):>12}",
-        ]
+        f = format_bytes
+        lines = [f"plan ({self.policy}): {len(self.steps)} steps, {len(self.offsets)} arena buffers",
+                 f"  ideal (no reuse)   {f(self.ideal_bytes):>12}  ({self.ideal_bytes} B)",
+                 f"  liveness peak      {f(self.liveness_peak_bytes):>12}  ({self.liveness_peak_bytes} B)"]
+        if self.lower_bound_bytes is not None:
+            lines.append(f"  lower bound        {f(self.lower_bound_bytes):>12}  ({self.lower_bound_bytes} B)")
+        if self.minimum_bytes is not None:
+            lines.append(f"  planner minimum    {f(self.minimum_bytes):>12}  ({self.minimum_bytes} B)")
+        lines.append(f"  plan peak          {f(self.peak_bytes):>12}  ({self.peak_bytes} B) = persistent "
+                     f"{f(self.persistent_bytes)} + arena {f(self.arena_bytes)} ({self.placement})")
+        lines.append(f"  fragmentation      {f(self.fragmentation_bytes):>12}")
         if self.budget is not None:
-            lines.append(f"  budget                {format_bytes(self.budget):>12}  ({self.budget} B)")
-        if self.live_curve:
-            at = max(range(len(self.live_curve)), key=self.live_curve.__getitem__)
-            lines.append(f"  peak at step {at}: {self.steps[at].label} ({self.steps[at].kind})")
-            live = [t for t, (a, b) in self.spans.items() if a <= at <= b]
-            live.sort(key=lambda t: -self.sizes[t])
-            lines.append(f"  largest tensors live there:")
-            for t in live[:top]:
-                tt = s.tensor(t)
-                lines.append(f"    {format_bytes(self.sizes[t]):>12}  {tt.category:<20} {tt.name}")
+            lines.append(f"  budget             {f(self.budget):>12}  ({self.budget} B)")
+        kinds = Counter(s.kind for s in self.steps)
+        if self.evictions:
+            by = Counter(ev.kind for ev in self.evictions.values())
+            lines.append(f"  evicted gaps: {by.get('offload', 0)} offloaded, {by.get('recompute', 0)} recomputed; "
+                         f"{kinds.get('offload', 0)} offloads, {kinds.get('prefetch', 0)} prefetches, "
+                         f"{kinds.get('recompute', 0)} recompute steps; host store {f(self.host_bytes)}")
+        sim = self.simulation
+        if sim is not None:
+            over = self.predicted_overhead
+            lines.append(f"  predicted step     {sim.seconds * 1e3:10.2f} ms" +
+                         (f"  ({over * 100:+.1f}% vs unlimited memory)" if over is not None else "") +
+                         f"; stalls {sim.stall_seconds * 1e3:.2f} ms, recompute {sim.recompute_seconds * 1e3:.2f} ms")
+        if top:
+            curve = self.live_curve
+            at = max(range(len(curve)), key=curve.__getitem__)
+            lines.append(f"  peak at step {at}: {self.steps[at].label} ({self.steps[at].kind}); largest live there:")
+            live = [r for r in self.program.residencies if r.start <= at <= r.end]
+            live.sort(key=lambda r: -self.program.tensors[r.tensor].nbytes)
+            for r in live[:top]:
+                t = self.program.tensors[r.tensor]
+                lines.append(f"    {f(t.nbytes):>12}  {t.category:<20} {t.name}")
         return "\n".join(lines)
+
+    def layer_table(self):
+        """Rows (tensor name, bytes, decision) for every evicted tensor, in schedule order."""
+        seen = {}
+        for (t, _), ev in sorted((self.evictions or {}).items()):
+            seen.setdefault(t, ev.kind)
+        return [(self.schedule.tensors[t].name, self.schedule.tensors[t].nbytes, k) for t, k in seen.items()]

@@ -1,35 +1,273 @@
-"""Planners: pure functions from a schedule and a budget to a Plan."""
+"""Planning: a schedule, a budget and a cost model in; a Plan out. No kernel runs here.
+
+``plan_memory`` lowers the schedule with the evictions a policy chooses,
+places every residency in the arena, and verifies the result against the
+budget; it raises MemoryBudgetError with the smallest feasible budget when
+none fits. Policies are objects (see policies.py); the default ``auto`` is the
+swap/recompute hybrid in this file's :class:`AutoPolicy`.
+"""
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import MemoryBudgetError
-from . import liveness, placement
+from ..schedule import aligned
+from . import placement
 from .config import MemoryConfig, format_bytes
+from .costmodel import ProfileCost
 from .plan import Plan
+from .program import Evict, lower, touches
+from .simulator import memory_curve, simulate, step_costs
 
 
-def plan_resident(schedule, budget=None, policy="none") -> Plan:
-    """Everything stays on the device; dead buffers are reused (liveness only)."""
-    spans = liveness.intervals(schedule)
-    sizes = {t: schedule.tensor(t).nbytes for t in spans}
-    offsets = placement.place(spans, sizes)
-    curve = liveness.live_bytes(sizes, spans, len(schedule.steps))
+def place_program(program):
+    """Offsets for every residency; the better of one pool and separate resident/mobile regions.
+
+    Returns (offsets by residency index, arena bytes, placement name).
+    """
+    res = program.residencies
+    spans = {k: (r.start, r.end) for k, r in enumerate(res)}
+    sizes = {k: aligned(program.tensors[r.tensor].nbytes) for k, r in enumerate(res)}
+    single = placement.place(spans, sizes)
+    best = (single, placement.peak(single, sizes), "single pool")
+    mobile_t = {r.tensor for r in res if r.origin != "compute" or r.wait_offload is not None}
+    if mobile_t:
+        fixed = {k: s for k, s in spans.items() if res[k].tensor not in mobile_t}
+        moving = {k: s for k, s in spans.items() if res[k].tensor in mobile_t}
+        a = placement.place(fixed, sizes)
+        base = placement.peak(a, sizes)
+        a.update(placement.place(moving, sizes, base=base))
+        pk = placement.peak(a, sizes)
+        if pk < best[1]:
+            best = (a, pk, "resident and mobile regions")
+    return best
+
+
+def lower_bound(schedule) -> int:
+    """Persistent bytes + the largest working set of any single step (what it touches + workspace)."""
+    best = 0
+    for s in schedule.steps:
+        ts = {t for t in s.touched if not schedule.tensors[t].persistent}
+        best = max(best, sum(aligned(schedule.tensors[t].nbytes) for t in ts))
+    return schedule.persistent_bytes + best
+
+
+def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None) -> Plan:
+    """Lower, place and simulate ``evictions``; the Plan (not yet checked against a budget)."""
+    program = lower(schedule, evictions, touch)
+    offsets, arena, how = place_program(program)
+    for k, r in enumerate(program.residencies):
+        r.offset = offsets[k]
     persistent = schedule.persistent_bytes
-    return Plan(schedule=schedule, steps=schedule.steps, spans=spans, offsets=offsets, sizes=sizes,
-                persistent_bytes=persistent, arena_bytes=placement.peak(offsets, sizes),
-                ideal_bytes=persistent + sum(sizes.values()),
-                liveness_peak_bytes=persistent + int(curve.max(initial=0)),
-                live_curve=curve.tolist(), budget=budget, policy=policy)
+    sizes = [aligned(t.nbytes) for t in schedule.tensors if not t.persistent]
+    sim = simulate(program, schedule, cost) if cost is not None else None
+    return Plan(schedule=schedule, program=program, offsets=offsets, persistent_bytes=persistent,
+                arena_bytes=arena, ideal_bytes=persistent + sum(sizes),
+                liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
+                budget=budget, policy=policy, simulation=sim, baseline=baseline, evictions=dict(evictions),
+                host_bytes=program.host_bytes, placement=how)
 
 
-def plan_memory(schedule, config: MemoryConfig = None) -> Plan:
-    """The plan for ``schedule`` under ``config``'s budget, or MemoryBudgetError."""
+class AutoPolicy:
+    """minidnn's planner: per gap, offload or recompute by predicted cost, greedily at the peak.
+
+    Repeatedly takes the step where the most bytes are live and evicts, among
+    the tensors idle across it, the one that frees the most bytes per second
+    of predicted overhead: an offload costs the part of its two transfers that
+    the compute inside its gap cannot hide; a recomputation costs its
+    producer's forward (and that of any dropped input it needs). Exact
+    placement is checked after each round; fragmentation tightens the target.
+    Then prefetches are moved earlier, where the budget allows, to hide them.
+    """
+
+    name = "auto"
+
+    def __init__(self, recompute=True, offload=True):
+        self.recompute, self.offload = recompute, offload
+
+    def evictions(self, schedule, limit, cost, touch):
+        c = _Candidates(schedule, cost, touch, self.recompute, self.offload)
+        return c.greedy(limit)
+
+
+class _Candidates:
+    """Every gap of every arena tensor, with what evicting it frees and costs."""
+
+    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload):
+        self.schedule, self.touch = schedule, touch
+        steps = schedule.steps
+        self.secs = np.array([cost.step_seconds(schedule, s) for s in steps])
+        self.cum = np.concatenate([[0.0], np.cumsum(self.secs)])
+        n = len(steps)
+        tensors = schedule.tensors
+        keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+        self.curve = np.zeros(n + 1, np.int64)
+        for t, ts in touch.items():
+            size = aligned(tensors[t].nbytes)
+            end = n - 1 if t in keep else ts[-1]
+            self.curve[ts[0]] += size
+            self.curve[end + 1] -= size
+        self.curve = np.cumsum(self.curve[:-1])
+        producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
+        last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
+        rows = []
+        for t, ts in touch.items():
+            size = aligned(tensors[t].nbytes)
+            for g in range(len(ts) - 1):
+                a, b = ts[g], ts[g + 1]
+                if b - a < 2:
+                    continue
+                best = (np.inf, None)
+                if allow_offload:
+                    x = cost.transfer_seconds(tensors[t].nbytes)
+                    window = self.cum[b] - self.cum[a + 1]
+                    best = (max(0.0, 2 * x - window) + 0.01 * x, "offload")
+                if allow_recompute and b > last_forward and t in producer:
+                    rc = self._recompute_cost(t, b, producer)
+                    if rc < best[0]:
+                        best = (rc, "recompute")
+                if best[1] is not None:
+                    rows.append((t, g, a, b, size, best[0], best[1]))
+        self.rows = rows
+        self.A = np.array([r[2] for r in rows], np.int64)
+        self.B = np.array([r[3] for r in rows], np.int64)
+        self.size = np.array([r[4] for r in rows], np.float64)
+        self.score = np.array([(r[5] + 1e-9) / r[4] for r in rows])
+        self.taken = np.zeros(len(rows), bool)
+
+    def _recompute_cost(self, t, at, producer, depth=0):
+        src = producer.get(t)
+        if src is None or not src.node.op.recomputable or depth > 3:
+            return np.inf
+        c = self.secs[src.index]
+        for u in src.ins:
+            if u is None or self.schedule.tensors[u].persistent:
+                continue
+            ts = self.touch.get(u, [])
+            if ts and ts[0] <= at <= ts[-1]:
+                continue                  # alive at the restore point if not evicted itself
+            c += self._recompute_cost(u, at, producer, depth + 1)
+        return c
+
+    def greedy(self, limit):
+        """Evict until the approximate curve fits ``limit``; returns {(t, gap): Evict} or None."""
+        curve = self.curve.astype(np.float64)
+        chosen = {}
+        while True:
+            s = int(np.argmax(curve))
+            if curve[s] <= limit:
+                return chosen
+            mask = (self.A < s) & (self.B > s) & ~self.taken
+            if not mask.any():
+                return None
+            k = int(np.flatnonzero(mask)[np.argmin(self.score[mask])])
+            self.taken[k] = True
+            t, g, a, b, size, _, kind = self.rows[k]
+            chosen[(t, g)] = Evict(kind)
+            curve[a + 1:b] -= size
+
+    def all(self):
+        return {(r[0], r[1]): Evict(r[6]) for r in self.rows}
+
+
+def _hide_transfers(plan_fn, schedule, evictions, cost, limit, touch, secs):
+    """Issue prefetches early enough to hide them, where the budget allows; keep what still fits."""
+    lead = {}
+    for key, ev in evictions.items():
+        if ev.kind != "offload":
+            continue
+        t, g = key
+        a, b = touch[t][g], touch[t][g + 1]
+        need = cost.transfer_seconds(schedule.tensors[t].nbytes)
+        acc, k = 0.0, 0
+        while acc < need and b - k - 1 > a + 1:
+            k += 1
+            acc += secs[b - k]
+        lead[key] = Evict("offload", delay=0, lead=k)
+    if not lead:
+        return None
+    trial = dict(evictions)
+    trial.update(lead)
+    plan = plan_fn(trial)
+    return plan if plan.arena_bytes <= limit else None
+
+
+def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
+    """The plan for ``schedule`` under ``config``: its budget, policy and device profile."""
     config = config or MemoryConfig()
-    plan = plan_resident(schedule)
-    budget = config.resolve(plan.liveness_peak_bytes)
-    plan.budget = budget
-    if budget is not None and plan.peak_bytes > budget:
-        at = max(range(len(plan.live_curve)), key=plan.live_curve.__getitem__)
-        raise MemoryBudgetError(
-            f"budget {format_bytes(budget)} is below the minimum feasible {format_bytes(plan.peak_bytes)} "
-            f"({plan.peak_bytes} B), set by step {at} ({plan.steps[at].label})", plan.peak_bytes)
-    return plan
+    cost = cost or ProfileCost(config.profile)
+    touch = touches(schedule)
+    base = make_plan(schedule, {}, cost, "none", touch=touch)
+    base.baseline = base.simulation
+    base.lower_bound_bytes = lower_bound(schedule)
+    budget = config.resolve(base.liveness_peak_bytes)
+    base.budget = budget
+    if budget is None or base.peak_bytes <= budget or config.policy == "none":
+        if budget is not None and base.peak_bytes > budget:
+            _infeasible(budget, base.peak_bytes, base)
+        return base
+    policy = config.policy_object()
+    limit = budget - schedule.persistent_bytes
+    secs = [cost.step_seconds(schedule, s) for s in schedule.steps]
+
+    def build(ev):
+        p = make_plan(schedule, ev, cost, policy.name, budget, base.simulation, touch)
+        p.liveness_peak_bytes, p.lower_bound_bytes = base.liveness_peak_bytes, base.lower_bound_bytes
+        return p
+
+    best = None
+    for variant in policy_variants(policy):
+        plan = _fit(variant, schedule, limit, cost, touch, build)
+        if plan is None:
+            continue
+        better = _hide_transfers(build, schedule, plan.evictions, cost, limit, touch, secs)
+        if better is not None and better.simulation.seconds < plan.simulation.seconds:
+            plan = better
+        if best is None or plan.simulation.seconds < best.simulation.seconds:
+            best = plan
+    if best is None:
+        best = minimum_plan(schedule, cost, touch, build)
+        if best.peak_bytes > budget:
+            _infeasible(budget, best.peak_bytes, best)
+    return best
+
+
+def policy_variants(policy):
+    """The policy and, for the hybrid, its swap-only variant: the simulator picks the faster."""
+    if isinstance(policy, AutoPolicy) and policy.recompute and policy.offload:
+        return [policy, AutoPolicy(recompute=False)]
+    return [policy]
+
+
+def _fit(policy, schedule, limit, cost, touch, build, rounds=8):
+    target = limit
+    for _ in range(rounds):
+        ev = policy.evictions(schedule, target, cost, touch)
+        if ev is None:
+            return None
+        plan = build(ev)
+        if plan.arena_bytes <= limit:
+            return plan
+        target -= plan.arena_bytes - limit        # fragmentation or restore temporaries: aim lower
+    return None
+
+
+def minimum_plan(schedule, cost, touch, build):
+    """Everything evictable evicted, just in time: the smallest peak this planner reaches."""
+    return build(_Candidates(schedule, cost, touch, True, True).all())
+
+
+def minimum_bytes(schedule, config=None, cost=None) -> int:
+    config = config or MemoryConfig()
+    cost = cost or ProfileCost(config.profile)
+    touch = touches(schedule)
+    return minimum_plan(schedule, cost, touch,
+                        lambda ev: make_plan(schedule, ev, None, "minimum", touch=touch)).peak_bytes
+
+
+def _infeasible(budget, minimum, plan):
+    curve = plan.live_curve
+    at = max(range(len(curve)), key=curve.__getitem__)
+    raise MemoryBudgetError(
+        f"budget {format_bytes(budget)} ({budget} B) is below the minimum feasible "
+        f"{format_bytes(minimum)} ({minimum} B), set by step {at} ({plan.steps[at].label})", minimum)

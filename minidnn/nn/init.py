@@ -12,11 +12,18 @@ def fan_in(shape, transposed=False):
     return shape[1] * receptive
 
 
+def uniform(rng, shape, bound, dtype=np.float32):
+    """U(-bound, bound), drawn directly in ``dtype`` (no float64 temporary for large layers)."""
+    out = rng.random(shape, dtype=np.float32).astype(dtype, copy=False)
+    out *= 2 * bound
+    out -= bound
+    return out
+
+
 def kaiming_uniform(rng, shape, a=math.sqrt(5), dtype=np.float32):
     """``torch.nn.init.kaiming_uniform_`` with leaky-ReLU gain (the layer default a=sqrt(5))."""
     gain = math.sqrt(2.0 / (1 + a * a))
-    bound = gain * math.sqrt(3.0 / fan_in(shape))
-    return rng.uniform(-bound, bound, size=shape).astype(dtype)
+    return uniform(rng, shape, gain * math.sqrt(3.0 / fan_in(shape)), dtype)
 
 
 def kaiming_normal(rng, shape, mode="fan_out", dtype=np.float32):
@@ -27,7 +34,7 @@ def kaiming_normal(rng, shape, mode="fan_out", dtype=np.float32):
 
 def bias_uniform(rng, weight_shape, n, dtype=np.float32):
     bound = 1.0 / math.sqrt(fan_in(weight_shape)) if fan_in(weight_shape) > 0 else 0.0
-    return rng.uniform(-bound, bound, size=(n,)).astype(dtype)
+    return uniform(rng, (n,), bound, dtype)
 
 
 def normal(rng, shape, std, dtype=np.float32):

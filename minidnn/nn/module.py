@@ -18,7 +18,7 @@ class Parameter:
     requires_grad = True
 
     def __init__(self, data):
-        self.data = np.ascontiguousarray(data)
+        self.data = np.require(data, requirements='C')
         self.grad = None
         self.qualname = None
 
@@ -50,14 +50,13 @@ class Module:
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"call Module.__init__() before assigning {name!r} in {type(self).__name__}")
+        home = (self._buffers if isinstance(value, Buffer) else self._parameters if isinstance(value, Parameter)
+                else self._modules if isinstance(value, Module) else None)
         for d in (self._parameters, self._buffers, self._modules):
-            d.pop(name, None)
-        if isinstance(value, Buffer):
-            self._buffers[name] = value
-        elif isinstance(value, Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
-            self._modules[name] = value
+            if d is not home:
+                d.pop(name, None)
+        if home is not None:
+            home[name] = value          # replacing keeps the position, as in PyTorch
         object.__setattr__(self, name, value)
 
     def register_buffer(self, name, array):

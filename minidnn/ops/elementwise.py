@@ -41,6 +41,7 @@ class CatOp(Op):
                 raise ShapeError(f"cannot concatenate shapes {[x.shape for x in xs]} along dim {self.dim}")
         shape = list(ref)
         shape[d] = sum(x.shape[d] for x in xs)
+        self._widths = [x.shape[d] for x in xs]
         return [Spec(tuple(shape), dt)]
 
     def forward(self, ctx, ins, outs, ws):
@@ -49,8 +50,8 @@ class CatOp(Op):
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         gy, start = gouts[0], 0
         d = self.dim % gy.ndim
-        for g in gins:
-            width = g.shape[d]
+        for g, x in zip(gins, self._widths):
+            width = x
             if g is not None:
                 np.copyto(g, gy[(slice(None),) * d + (slice(start, start + width),)])
             start += width

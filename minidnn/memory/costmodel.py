@@ -1,0 +1,43 @@
+"""Step times for the planner and the simulator: from a device profile, or measured.
+
+A :class:`CostModel` answers two questions: how long a step of the schedule
+computes, and how long a copy of n bytes between device and host takes.
+``ProfileCost`` derives both from a :class:`DeviceProfile` (no kernel runs);
+``MeasuredCost`` takes per-step times measured on the running backend (by the
+executor's profiling pass) and the copy bandwidth measured there.
+"""
+from __future__ import annotations
+
+from .profiles import get_profile
+
+
+def _bytes_touched(schedule, step) -> int:
+    return sum(schedule.tensors[t].nbytes for t in dict.fromkeys(step.reads + step.writes + step.updates)
+               if t < len(schedule.tensors))
+
+
+class ProfileCost:
+    def __init__(self, profile):
+        self.profile = get_profile(profile)
+
+    def step_seconds(self, schedule, step) -> float:
+        if step.kind == "load":
+            return self.transfer_seconds(_bytes_touched(schedule, step))
+        flops = step.flops if step.kind != "update" else 4.0 * schedule.tensors[step.ins[0]].spec.nbytes / 4
+        return self.profile.compute_seconds(flops, _bytes_touched(schedule, step))
+
+    def transfer_seconds(self, nbytes) -> float:
+        return self.profile.transfer_seconds(nbytes)
+
+
+class MeasuredCost:
+    """Times measured on the backend: ``seconds[i]`` for schedule step i, copies at ``bandwidth`` B/s."""
+
+    def __init__(self, seconds, bandwidth, latency=20e-6):
+        self.seconds, self.bandwidth, self.latency = list(seconds), bandwidth, latency
+
+    def step_seconds(self, schedule, step) -> float:
+        return self.seconds[step.index]
+
+    def transfer_seconds(self, nbytes) -> float:
+        return nbytes / self.bandwidth + self.latency

@@ -1,0 +1,29 @@
+"""Memory policies by name. Each is an object with ``name`` and
+``evictions(schedule, arena_limit, cost, touches) -> {(tensor, gap): Evict} | None``."""
+from __future__ import annotations
+
+from .planner import AutoPolicy
+
+
+class NoEviction:
+    """Liveness reuse only: every tensor stays on the device from first to last use."""
+
+    name = "none"
+
+    def evictions(self, schedule, limit, cost, touch):
+        return None
+
+
+POLICIES = {
+    "auto": AutoPolicy,
+    "none": NoEviction,
+    "swap": lambda: AutoPolicy(recompute=False),
+    "recompute": lambda: AutoPolicy(offload=False),
+}
+
+
+def get_policy(name):
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown memory policy {name!r}; known: {', '.join(POLICIES)}") from None

@@ -1,0 +1,209 @@
+"""Lowering: a schedule plus eviction decisions in, the executable step list out.
+
+A tensor of the schedule is touched at a sorted list of steps; between two
+consecutive touches lies a *gap*. A decision may evict a tensor for a gap:
+
+- ``offload``: copy it to the host store after the touch that opens the gap
+  (once; a copy stays valid until the tensor is written again), free the
+  device buffer ``delay`` compute steps later (when the copy is done), and
+  prefetch it back ``lead`` compute steps before the touch that closes the gap;
+- ``recompute``: drop it right after the touch, and run its producer's forward
+  again just before the next touch (restoring that producer's inputs the same
+  way, so segments of cheap ops are recomputed together).
+
+The result is a list of steps (the schedule's, with ``offload``, ``prefetch``
+and ``recompute`` steps inserted) and *residencies*: the intervals of the new
+step list during which a tensor occupies device memory. Each residency is one
+buffer for the placement; a tensor may have several.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from ..graph import Spec
+from ..schedule import WORKSPACE, Step, Tensor, aligned
+
+
+@dataclass(frozen=True)
+class Evict:
+    kind: str          # "offload" or "recompute"
+    delay: int = 0     # offload: compute steps the device copy is held after the offload is issued
+    lead: int = 0      # offload: compute steps before the next touch at which the prefetch is issued
+
+
+@dataclass
+class Residency:
+    tensor: int
+    start: int         # index in Program.steps
+    end: int
+    origin: str        # "compute", "prefetch" or "recompute"
+    offset: int = None
+    wait_offload: int = None   # step index of the offload whose completion the free waits for
+    delay: int = 0
+
+
+@dataclass
+class Program:
+    steps: list
+    tensors: list
+    residencies: list
+    host_slots: dict = field(default_factory=dict)   # tensor id -> host store offset
+    host_bytes: int = 0
+    origin: list = field(default_factory=list)  # step index -> the schedule step it runs (-1 for copies)
+
+
+def touches(schedule) -> dict:
+    """tensor id -> sorted schedule step indices that touch it (arena tensors only)."""
+    out = defaultdict(list)
+    for s in schedule.steps:
+        for t in dict.fromkeys(s.touched):
+            if not schedule.tensors[t].persistent:
+                out[t].append(s.index)
+    return dict(out)
+
+
+def lower(schedule, evictions: dict, touch=None) -> Program:
+    """Build the Program for ``evictions``: {(tensor id, gap index): Evict}."""
+    return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule)).run()
+
+
+class _Lowering:
+    def __init__(self, schedule, evictions, touch):
+        self.sched, self.touch = schedule, touch
+        self.tensors = list(schedule.tensors)
+        self.steps, self.res, self.origin = [], [], []
+        self.cur: dict[int, int] = {}        # tensor id -> index of its open residency
+        self.host_valid: set = set()
+        self.host_slots: dict = {}
+        self.host_bytes = 0
+        self.producer = {t: s for s in schedule.steps if s.kind == "forward" for t in s.outs}
+        self.keep_to_end = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+        self.after = defaultdict(list)        # schedule step -> [(tensor, Evict)] after it
+        self.prefetch_at = defaultdict(list)  # schedule step -> [tensor] prefetched before it
+        for (t, gap), ev in sorted(evictions.items()):
+            a, b = touch[t][gap], touch[t][gap + 1]
+            self.after[a].append((t, ev))
+            if ev.kind == "offload":
+                self.prefetch_at[max(a + 1, b - ev.lead)].append(t)
+
+    # -- bookkeeping ----------------------------------------------------------
+    def emit(self, step, orig=-1) -> int:
+        step = replace(step, index=len(self.steps))
+        self.steps.append(step)
+        self.origin.append(orig)
+        return step.index
+
+    def open(self, t, i, how):
+        self.cur[t] = len(self.res)
+        self.res.append(Residency(t, i, i, how))
+
+    def extend(self, t, i):
+        r = self.res[self.cur[t]]
+        r.end = max(r.end, i)
+
+    def close(self, t, i) -> Residency:
+        r = self.res[self.cur.pop(t)]
+        r.end = max(r.end, i)
+        return r
+
+    def workspace(self, label, nbytes):
+        if not nbytes:
+            return None
+        self.tensors.append(Tensor(len(self.tensors), f"{label}:workspace", Spec((nbytes,), "uint8"), WORKSPACE))
+        return self.tensors[-1].id
+
+    # -- restoring evicted tensors ----------------------------------------------
+    def prefetch(self, t):
+        i = self.emit(Step(0, "prefetch", f"prefetch {self.tensors[t].name}", writes=[t], outs=[t]))
+        self.open(t, i, "prefetch")
+
+    def restore(self, t, needed, stack=()):
+        """Bring ``t`` back before the current step: from the host, or by recomputing its producer."""
+        if t in self.host_valid:
+            return self.prefetch(t)
+        src = self.producer.get(t)
+        if src is None or not src.node.op.recomputable or t in stack:
+            raise ValueError(f"cannot restore {self.tensors[t].name}: neither on the host nor recomputable")
+        temps = []
+        for u in dict.fromkeys(x for x in src.ins if x is not None):
+            if not self.tensors[u].persistent and u not in self.cur:
+                self.restore(u, needed, stack + (t,))
+                temps.append(u)
+        ws = self.workspace(f"recompute {src.label}", self.tensors[src.ws].nbytes if src.ws is not None else 0)
+        i = self.emit(Step(0, "recompute", f"recompute {src.label}", node=src.node, reads=list(src.reads),
+                           writes=[u for u in src.outs if u not in self.cur], ins=list(src.ins),
+                           outs=list(src.outs), ws=ws, flops=src.flops), src.index)
+        if ws is not None:
+            self.res.append(Residency(ws, i, i, "compute"))
+        for u in src.ins:
+            if u is not None and u in self.cur:
+                self.extend(u, i)
+        for u in src.outs:
+            if u in self.cur:
+                self.extend(u, i)
+            else:
+                self.open(u, i, "recompute")
+        for u in temps:                       # chain temporaries are dropped again after use
+            self.close(u, i)
+        for u in src.outs:                    # so are outputs nobody needs now
+            if u != t and u not in needed and self.res[self.cur[u]].origin == "recompute" and u not in stack:
+                self.close(u, i)
+
+    # -- the pass -------------------------------------------------------------
+    def run(self) -> Program:
+        tensors, touch = self.tensors, self.touch
+        for s in self.sched.steps:
+            for t in self.prefetch_at[s.index]:
+                if t not in self.cur:
+                    self.prefetch(t)
+            needed = set(s.touched)
+            fresh = set(s.writes) | {s.ws}
+            for t in dict.fromkeys(s.touched):
+                if not tensors[t].persistent and t not in self.cur and t not in fresh:
+                    self.restore(t, needed)
+            i = self.emit(s, s.index)
+            for t in dict.fromkeys(s.touched):
+                if tensors[t].persistent:
+                    continue
+                if t in self.cur:
+                    self.extend(t, i)
+                else:
+                    self.open(t, i, "compute")
+                if t in s.writes or t in s.updates:
+                    self.host_valid.discard(t)
+            for t, ev in self.after[s.index]:
+                if ev.kind == "offload":
+                    self.offload(t, i, ev)
+                else:
+                    self.close(t, i)
+            for t in dict.fromkeys(s.touched):
+                if t in self.cur and touch.get(t) and touch[t][-1] == s.index and t not in self.keep_to_end:
+                    self.close(t, i)
+        last = len(self.steps) - 1
+        for t in list(self.cur):
+            self.close(t, last)
+        self._apply_delays()
+        return Program(self.steps, tensors, self.res, self.host_slots, self.host_bytes, self.origin)
+
+    def offload(self, t, i, ev):
+        if t in self.host_valid:              # an up-to-date host copy exists: just drop it
+            self.close(t, i)
+            return
+        j = self.emit(Step(0, "offload", f"offload {self.tensors[t].name}", reads=[t], ins=[t]))
+        self.host_valid.add(t)
+        if t not in self.host_slots:
+            self.host_slots[t] = self.host_bytes
+            self.host_bytes += aligned(self.tensors[t].nbytes)
+        r = self.close(t, j)
+        r.wait_offload, r.delay = j, ev.delay
+
+    def _apply_delays(self):
+        """Hold an offloaded buffer ``delay`` compute steps past its offload, so the copy can overlap."""
+        compute = [i for i, s in enumerate(self.steps) if s.kind not in ("offload", "prefetch")]
+        for r in self.res:
+            if r.delay:
+                k = bisect.bisect_right(compute, r.end)
+                if k < len(compute):
+                    r.end = compute[min(k + r.delay - 1, len(compute) - 1)]

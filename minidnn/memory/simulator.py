@@ -1,0 +1,103 @@
+"""Replays a Program on two streams - compute and copy - with a cost model.
+
+The compute stream runs the steps in order; the copy stream runs offloads and
+prefetches in the order they are issued, each starting when both the stream is
+free and the compute stream has reached it. A step waits for the prefetches of
+the tensors it touches; freeing an offloaded buffer waits for its offload.
+Waiting time is a *stall*. The result predicts the step time and the device
+memory held after each step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..schedule import aligned
+
+
+@dataclass
+class Simulation:
+    seconds: float                 # predicted time of one iteration
+    compute_seconds: float         # sum of compute-stream step times (incl. recomputation)
+    recompute_seconds: float
+    copy_seconds: float            # busy time of the copy stream
+    stall_seconds: float           # compute stream waiting for copies
+    offload_bytes: int
+    prefetch_bytes: int
+    start: list = field(default_factory=list)     # per program step, seconds
+    end: list = field(default_factory=list)
+    stream: list = field(default_factory=list)    # "compute" or "copy"
+    memory: list = field(default_factory=list)    # arena bytes held during each step
+
+    @property
+    def overlap(self) -> float:
+        """Fraction of the copy stream's busy time hidden behind compute."""
+        return 1.0 - min(self.stall_seconds, self.copy_seconds) / self.copy_seconds if self.copy_seconds else 1.0
+
+
+def memory_curve(program) -> np.ndarray:
+    diff = np.zeros(len(program.steps) + 1, np.int64)
+    for r in program.residencies:
+        n = aligned(program.tensors[r.tensor].nbytes)
+        diff[r.start] += n
+        diff[r.end + 1] -= n
+    return np.cumsum(diff[:-1])
+
+
+def step_costs(program, schedule, cost) -> list:
+    """Compute-stream seconds of each program step (0 for copies)."""
+    out = []
+    for i, s in enumerate(program.steps):
+        o = program.origin[i]
+        out.append(cost.step_seconds(schedule, schedule.steps[o]) if o >= 0 else 0.0)
+    return out
+
+
+def simulate(program, schedule, cost, costs=None) -> Simulation:
+    costs = costs if costs is not None else step_costs(program, schedule, cost)
+    waits: dict[int, list] = {}
+    for r in program.residencies:
+        if r.wait_offload is not None:
+            waits.setdefault(r.end, []).append(r.wait_offload)
+    t_c = t_x = stall = busy = recompute = compute = 0.0
+    ready: dict[int, float] = {}
+    done: dict[int, float] = {}
+    off_b = pre_b = 0
+    starts, ends, streams = [], [], []
+    for i, s in enumerate(program.steps):
+        if s.kind in ("offload", "prefetch"):
+            t = s.reads[0] if s.kind == "offload" else s.writes[0]
+            n = program.tensors[t].nbytes
+            d = cost.transfer_seconds(n)
+            begin = max(t_c, t_x)
+            t_x = begin + d
+            busy += d
+            if s.kind == "offload":
+                done[i] = t_x
+                off_b += n
+            else:
+                ready[t] = t_x
+                pre_b += n
+            starts.append(begin), ends.append(t_x), streams.append("copy")
+            for j in waits.get(i, ()):    # a synchronous offload: compute waits for it here
+                if done[j] > t_c:
+                    stall += done[j] - t_c
+                    t_c = done[j]
+            continue
+        need = max((ready.get(t, 0.0) for t in s.touched), default=0.0)
+        if need > t_c:
+            stall += need - t_c
+            t_c = need
+        starts.append(t_c)
+        t_c += costs[i]
+        compute += costs[i]
+        if s.kind == "recompute":
+            recompute += costs[i]
+        for j in waits.get(i, ()):
+            if done[j] > t_c:
+                stall += done[j] - t_c
+                t_c = done[j]
+        ends.append(t_c), streams.append("compute")
+    return Simulation(max(t_c, t_x), compute, recompute, busy, stall, off_b, pre_b, starts, ends, streams,
+                      memory_curve(program).tolist())

@@ -1,0 +1,373 @@
+"""Property tests over random DAGs of ops: the plan is sound, the executor measures what the plan
+predicts, and loss and gradients equal an independent NumPy (float64) evaluation of the same DAG.
+
+A DAG is a list of nodes over a (2, 4, 6, 6) input (node 0); node k reads earlier nodes:
+
+    ("conv", i)      3x3 convolution, 4 -> 4 channels, padding 1, with bias
+    ("relu", i)
+    ("add", i, j)
+    ("cat", i, j)    channel concatenation, then a 1x1 convolution 8 -> 4 channels
+    ("bn", i)        BatchNorm2d(4), training mode
+    ("pool", i)      MaxPool2d(3, stride=1, padding=1)
+
+then flatten, Linear(144, 3) and cross-entropy on the last node. Nodes that do not
+reach the last one are dead code: they run forward but get no gradient.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from numpy.lib.stride_tricks import sliding_window_view
+
+import minidnn
+from minidnn import nn
+from minidnn.memory import placement
+
+SHAPE = (2, 4, 6, 6)
+CLASSES = 3
+EPS = 1e-5
+MOMENTUM = 0.1
+
+
+# -- the network --------------------------------------------------------------------------------
+
+class RandomDag(nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = [tuple(n) for n in spec]
+        for k, node in enumerate(self.spec, start=1):
+            op = node[0]
+            if op == "conv":
+                setattr(self, f"n{k}", nn.Conv2d(4, 4, 3, padding=1))
+            elif op == "cat":
+                setattr(self, f"n{k}", nn.Conv2d(8, 4, 1))
+            elif op == "bn":
+                setattr(self, f"n{k}", nn.BatchNorm2d(4))
+            elif op == "relu":
+                setattr(self, f"n{k}", nn.ReLU())
+            elif op == "pool":
+                setattr(self, f"n{k}", nn.MaxPool2d(3, stride=1, padding=1))
+        self.fc = nn.Linear(4 * 6 * 6, CLASSES)
+
+    def forward(self, x):
+        vals = [x]
+        for k, node in enumerate(self.spec, start=1):
+            op = node[0]
+            if op == "add":
+                vals.append(vals[node[1]] + vals[node[2]])
+            elif op == "cat":
+                vals.append(getattr(self, f"n{k}")(nn.functional.cat([vals[node[1]], vals[node[2]]], dim=1)))
+            else:
+                vals.append(getattr(self, f"n{k}")(vals[node[1]]))
+        return self.fc(nn.functional.flatten(vals[-1], 1))
+
+
+# -- an independent NumPy reference (float64): forward, then reverse-mode over the same DAG -------
+
+def conv_ref(x, w, b, pad):
+    k = w.shape[2]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = sliding_window_view(xp, (k, k), axis=(2, 3))                  # (N, C, H, W, k, k)
+    y = np.einsum("nchwij,ocij->nohw", win, w) + b[None, :, None, None]
+
+    def back(gy):
+        gw = np.einsum("nchwij,nohw->ocij", win, gy)
+        gxp = np.zeros_like(xp)
+        h, wd = gy.shape[2:]
+        for i in range(k):
+            for j in range(k):
+                gxp[:, :, i:i + h, j:j + wd] += np.einsum("nohw,oc->nchw", gy, w[:, :, i, j])
+        return gxp[:, :, pad:pad + x.shape[2], pad:pad + x.shape[3]], gw, gy.sum(axis=(0, 2, 3))
+    return y, back
+
+
+def bn_ref(x, g, b):
+    m = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = x.mean(axis=(0, 2, 3))
+    var = x.var(axis=(0, 2, 3))
+    inv = 1.0 / np.sqrt(var + EPS)
+    xh = (x - mean[None, :, None, None]) * inv[None, :, None, None]
+    y = g[None, :, None, None] * xh + b[None, :, None, None]
+
+    def back(gy):
+        gb = gy.sum(axis=(0, 2, 3))
+        gg = (gy * xh).sum(axis=(0, 2, 3))
+        gx = (g * inv / m)[None, :, None, None] * (m * gy - gb[None, :, None, None] - xh * gg[None, :, None, None])
+        return gx, gg, gb
+    return y, back, mean, var * m / (m - 1)
+
+
+def maxpool_ref(x):
+    """3x3, stride 1, padding 1; the first maximum in row-major window order wins (as PyTorch)."""
+    n, c, h, w = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    win = sliding_window_view(xp, (3, 3), axis=(2, 3)).reshape(n, c, h, w, 9)
+    idx = win.argmax(axis=-1)
+    y = np.take_along_axis(win, idx[..., None], axis=-1)[..., 0]
+
+    def back(gy):
+        gxp = np.zeros_like(xp)
+        di, dj = np.divmod(idx, 3)
+        nn_, cc, hh, ww = np.indices(idx.shape)
+        np.add.at(gxp, (nn_, cc, hh + di, ww + dj), gy)
+        return gxp[:, :, 1:-1, 1:-1]
+    return y, back
+
+
+def reference(spec, params, x, y):
+    """(loss, {param name: grad}, {bn buffer name: new value}) of the DAG in float64."""
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    vals, backs, stats = [x.astype(np.float64)], {}, {}
+    for k, node in enumerate(spec, start=1):
+        op, a = node[0], vals[node[1]]
+        if op == "conv":
+            out, back = conv_ref(a, p[f"n{k}.weight"], p[f"n{k}.bias"], 1)
+            backs[k] = ("conv", back)
+        elif op == "cat":
+            out, back = conv_ref(np.concatenate([a, vals[node[2]]], axis=1), p[f"n{k}.weight"], p[f"n{k}.bias"], 0)
+            backs[k] = ("cat", back)
+        elif op == "relu":
+            out = np.maximum(a, 0)
+            backs[k] = ("relu", lambda gy, out=out: gy * (out > 0))
+        elif op == "add":
+            out = a + vals[node[2]]
+            backs[k] = ("add", None)
+        elif op == "bn":
+            out, back, mean, uvar = bn_ref(a, p[f"n{k}.weight"], p[f"n{k}.bias"])
+            backs[k] = ("bn", back)
+            stats[f"n{k}.running_mean"] = (1 - MOMENTUM) * p[f"n{k}.running_mean"] + MOMENTUM * mean
+            stats[f"n{k}.running_var"] = (1 - MOMENTUM) * p[f"n{k}.running_var"] + MOMENTUM * uvar
+        elif op == "pool":
+            out, back = maxpool_ref(a)
+            backs[k] = ("pool", back)
+        vals.append(out)
+    n = x.shape[0]
+    flat = vals[-1].reshape(n, -1)
+    logits = flat @ p["fc.weight"].T + p["fc.bias"]
+    z = logits - logits.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    loss = -logp[np.arange(n), y].mean()
+    glogits = np.exp(logp)
+    glogits[np.arange(n), y] -= 1
+    glogits /= n
+    grads = {"fc.weight": glogits.T @ flat, "fc.bias": glogits.sum(axis=0)}
+    gvals = {len(spec): (glogits @ p["fc.weight"]).reshape(vals[-1].shape)}
+
+    def acc(i, g):
+        if i > 0:                      # the input needs no gradient
+            gvals[i] = gvals[i] + g if i in gvals else g
+
+    for k in range(len(spec), 0, -1):
+        if k not in gvals:
+            continue                   # dead code
+        gy, node = gvals[k], spec[k - 1]
+        kind, back = backs[k]
+        if kind in ("conv", "cat", "bn"):
+            gx, gw, gb = back(gy)
+            grads[f"n{k}.weight"], grads[f"n{k}.bias"] = gw, gb
+            if kind == "cat":
+                acc(node[1], gx[:, :4])
+                acc(node[2], gx[:, 4:])
+            else:
+                acc(node[1], gx)
+        elif kind == "add":
+            acc(node[1], gy)
+            acc(node[2], gy)
+        else:
+            acc(node[1], back(gy))
+    return loss, grads, stats
+
+
+# -- generating DAGs ----------------------------------------------------------------------------
+
+OPS = ["conv", "relu", "add", "cat", "bn", "pool"]
+
+
+@st.composite
+def dags(draw, max_nodes=8):
+    n = draw(st.integers(1, max_nodes))
+    spec = []
+    grad = [False]                     # does node k's value need a gradient (depends on a parameter)?
+    for k in range(1, n + 1):
+        op = draw(st.sampled_from(OPS))
+        # BN, and cat of one operand that needs a gradient and one that does not, crash in their
+        # backward (see test_bn_on_network_input / test_cat_with_network_input): those read only
+        # nodes that depend on a parameter.
+        with_grad = [i for i in range(k) if grad[i]]
+        if op in ("bn", "cat") and not with_grad:
+            op = "conv"
+        pool = with_grad if op in ("bn", "cat") else list(range(k))
+        i = draw(st.sampled_from(pool))
+        if op in ("add", "cat"):
+            j = draw(st.sampled_from(pool))
+            spec.append((op, i, j))
+            grad.append(op == "cat" or grad[i] or grad[j])
+        else:
+            spec.append((op, i))
+            grad.append(op in ("conv", "bn") or grad[i])
+    return spec
+
+
+def make_params(net, seed):
+    """Random weights for every parameter and BN buffer; returns float64 copies by name."""
+    rng = np.random.default_rng(seed)
+    sd = {}
+    for k, v in net.state_dict().items():
+        if k.endswith("num_batches_tracked"):
+            sd[k] = np.array(v)
+        elif k.endswith("running_var") or (k.endswith(".weight") and v.ndim == 1):
+            sd[k] = rng.uniform(0.5, 1.5, v.shape)
+        else:
+            std = {4: 0.25, 2: 0.05, 1: 0.1}[v.ndim]   # conv, fc weights, biases: a softmax that is not saturated
+            sd[k] = rng.normal(0, std, v.shape)
+    net.load_state_dict(sd)            # rounds to the layers' float32; read back what they hold
+    return {k: np.array(v, np.float64) for k, v in net.state_dict().items()}
+
+
+def brute_force_overlaps(plan):
+    """Pairs of buffers live at a common step whose byte ranges intersect (all pairs checked)."""
+    keys = list(plan.offsets)
+    bad = []
+    for i, t in enumerate(keys):
+        a, b = plan.spans[t]
+        lo, hi = plan.offsets[t], plan.offsets[t] + plan.sizes[t]
+        for u in keys[i + 1:]:
+            c, d = plan.spans[u]
+            if a <= d and c <= b and plan.sizes[t] and plan.sizes[u]:
+                lo2, hi2 = plan.offsets[u], plan.offsets[u] + plan.sizes[u]
+                if lo < hi2 and lo2 < hi:
+                    bad.append((t, u))
+    return bad
+
+
+def check_dag(spec, seed):
+    net = RandomDag(spec)
+    params = make_params(net, seed)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal(SHAPE)
+    y = rng.integers(0, CLASSES, SHAPE[0])
+    trainer = minidnn.compile(net, SHAPE, nn.CrossEntropyLoss(), optimizer=None, dtype=np.float64,
+                              memory=minidnn.MemoryConfig(check=True, poison=True))
+    plan = trainer.plan
+
+    # (a) no two live buffers share a byte
+    assert placement.overlaps(plan.offsets, plan.sizes, plan.spans) == []
+    assert brute_force_overlaps(plan) == []
+    assert set(plan.offsets) == set(plan.spans) == set(plan.sizes)
+    for t, off in plan.offsets.items():
+        assert off % 64 == 0 and off >= 0
+        assert off + plan.sizes[t] <= plan.arena_bytes
+        a, b = plan.spans[t]
+        assert 0 <= a <= b < len(plan.steps)
+    # the arena is no smaller than the bytes live at any one step
+    live = np.zeros(len(plan.steps), np.int64)
+    for t, (a, b) in plan.spans.items():
+        live[a:b + 1] += plan.sizes[t]
+    assert plan.arena_bytes >= live.max()
+
+    loss = trainer.step(x, y)
+
+    # (b) the executor measured exactly the plan
+    assert trainer.executor.high_water_bytes == plan.arena_bytes
+    assert trainer.measured_peak_bytes == plan.peak_bytes
+
+    # (c) loss, gradients and BN statistics equal the NumPy reference
+    rloss, rgrads, rstats = reference(spec, params, x, y)
+    assert abs(loss - rloss) <= 1e-10 * max(abs(rloss), 1.0)
+    gscale = max(np.abs(g).max() for g in rgrads.values())
+    for name, p in net.named_parameters():
+        if name in rgrads:
+            assert p.grad is not None, name
+            # relative to the parameter's own gradient, with a floor for gradients that are sums of
+            # much larger terms cancelling (a bias before a BN, or under a saturated softmax)
+            tol = 1e-9 * np.abs(rgrads[name]).max() + 1e-12 * gscale
+            assert np.abs(p.grad - rgrads[name]).max() <= tol, name
+        else:                          # dead code: no gradient, or an all-zero one
+            assert p.grad is None or not np.any(p.grad), name
+    sd = net.state_dict()
+    for name, v in rstats.items():
+        np.testing.assert_allclose(sd[name], v, rtol=1e-12, atol=1e-14, err_msg=name)
+    return trainer
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=dags(), seed=st.integers(0, 2**16))
+def test_random_dag(spec, seed):
+    check_dag(spec, seed)
+
+
+# a few fixed DAGs that exercise the joins hard, whatever hypothesis draws
+FIXED = [
+    [("conv", 0), ("relu", 1), ("add", 1, 2), ("cat", 3, 1), ("bn", 4), ("pool", 5)],
+    [("conv", 0), ("add", 1, 1), ("cat", 2, 2), ("pool", 3), ("pool", 4), ("add", 5, 1)],
+    [("pool", 0), ("conv", 1), ("conv", 0), ("relu", 3), ("cat", 2, 4), ("bn", 5), ("add", 6, 2)],
+    [("conv", 0), ("conv", 0), ("relu", 1)],                   # node 2 is dead code
+    [("relu", 0), ("add", 0, 1), ("pool", 2), ("conv", 3)],    # the input as a join operand
+]
+
+
+@pytest.mark.parametrize("spec", FIXED, ids=[f"dag{i}" for i in range(len(FIXED))])
+def test_fixed_dag(spec):
+    check_dag(spec, 7)
+
+
+def test_reference_catches_a_wrong_gradient():
+    """The reference is sensitive: a perturbed parameter gives a different loss."""
+    spec = FIXED[0]
+    net = RandomDag(spec)
+    params = make_params(net, 3)
+    x = np.random.default_rng(0).standard_normal(SHAPE)
+    y = np.array([0, 2])
+    loss, grads, _ = reference(spec, params, x, y)
+    # finite differences on one weight of the 3x3 conv confirm the reference's own gradient
+    h = 1e-6
+    for idx in [(0, 1, 1, 2), (3, 0, 0, 0)]:
+        p2 = dict(params)
+        p2["n1.weight"] = params["n1.weight"].copy()
+        p2["n1.weight"][idx] += h
+        lp = reference(spec, p2, x, y)[0]
+        p2["n1.weight"][idx] -= 2 * h
+        lm = reference(spec, p2, x, y)[0]
+        assert abs((lp - lm) / (2 * h) - grads["n1.weight"][idx]) < 1e-6
+
+
+@pytest.mark.xfail(strict=True, reason="CatOp.backward reads g.shape for every input gradient buffer; the "
+                   "buffer is None for an input that needs no gradient (the network input), so it raises "
+                   "AttributeError: 'NoneType' object has no attribute 'shape' (minidnn/ops/elementwise.py)")
+def test_cat_with_network_input():
+    check_dag([("conv", 0), ("cat", 0, 1)], 5)
+
+
+@pytest.mark.xfail(strict=True, reason="BatchNorm2dOp.backward passes gins[0]=None to the C++ bn_backward when "
+                   "the BN input needs no gradient (BN applied to the network input): TypeError: argument "
+                   "'gx' must be a numpy.ndarray, got NoneType (minidnn/ops/norm.py)")
+def test_bn_on_network_input():
+    check_dag([("bn", 0), ("conv", 1)], 5)
+
+
+# -- the placement on its own, over random lifetimes ----------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12), st.integers(1, 5000)), min_size=1, max_size=40))
+def test_place_never_overlaps_live_buffers(items):
+    spans = {t: (a, a + d) for t, (a, d, _) in enumerate(items)}
+    sizes = {t: s for t, (_, _, s) in enumerate(items)}
+    offsets = placement.place(spans, sizes)
+    assert set(offsets) == set(spans)
+    assert placement.overlaps(offsets, sizes, spans) == []
+    for t in spans:
+        assert offsets[t] % 64 == 0
+        for u in spans:
+            if t < u and spans[t][0] <= spans[u][1] and spans[u][0] <= spans[t][1]:
+                assert offsets[t] + sizes[t] <= offsets[u] or offsets[u] + sizes[u] <= offsets[t]
+    live = [sum(sizes[t] for t, (a, b) in spans.items() if a <= s <= b) for s in range(43)]
+    assert placement.peak(offsets, sizes) >= max(live)
+
+
+def test_overlaps_detects_a_collision():
+    spans = {0: (0, 3), 1: (2, 5), 2: (4, 6)}
+    sizes = {0: 100, 1: 100, 2: 100}
+    found = placement.overlaps({0: 0, 1: 64, 2: 0}, sizes, spans)
+    assert {frozenset(p) for p in found} == {frozenset((0, 1)), frozenset((1, 2))}
+    assert placement.overlaps({0: 0, 1: 128, 2: 0}, sizes, spans) == []   # 0 and 2 are never live together
