@@ -6,7 +6,7 @@ modules, the state_dict and the executor share one copy.
 """
 from __future__ import annotations
 
-from .schedule import PARAM, PARAM_GRAD, STATE, aligned
+from .schedule import OPT_STATE, PARAM, PARAM_GRAD, STATE, aligned
 
 
 class PersistentStore:

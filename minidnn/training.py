@@ -28,13 +28,13 @@ def evaluate(trainer, loader):
 
 
 def checkpoint_tensors(trainer):
-    tensors = {f"model.{k}": np.ascontiguousarray(v) for k, v in trainer.net.state_dict().items()}
+    tensors = {f"model.{k}": np.require(v, requirements="C") for k, v in trainer.net.state_dict().items()}
     names = trainer.optimizer.state_names
     for pname, p in trainer.net.named_parameters():
         if p.grad is None:
             continue
         for n in names:
-            tensors[f"optim.{pname}.{n}"] = np.ascontiguousarray(trainer.store.optimizer_state(p, n))
+            tensors[f"optim.{pname}.{n}"] = np.require(trainer.store.optimizer_state(p, n), requirements="C")
     return tensors
 
 

@@ -9,8 +9,8 @@ BatchNorm's running statistics have tests of their own at the end.
 import numpy as np
 import pytest
 
-from harness import (DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, rng_for)
-from minidnn import nn, ops
+from harness import DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, rng_for
+from minidnn import ops
 
 
 def _pair(v):
@@ -147,14 +147,42 @@ def pool_case(name, op, ref, torch_fn, shape, make=randn, **kw):
                   torch=lambda F, x: getattr(F, torch_fn)(x, **kw))
 
 
-def bn_case(name, shape, training, **kw):
+def bn_case(name, shape, training, state=(3, 4), bugs=None):
     c = shape[1]
     r = rng_for(name, "stats")
     inputs = [randn(name, *shape) * 2 + 0.5, 1 + 0.2 * randn(name + "g", c), randn(name + "b", c),
               r.standard_normal(c), 0.5 + r.random(c)]
     return OpCase(name, lambda x, g, b, m, v: ops.batch_norm2d(x, g, b, m, v, training=training),
-                  inputs, lambda x, g, b, m, v: ref_batch_norm(x, g, b, m, v, training), state=(3, 4),
-                  torch=lambda F, x, g, b, m, v: F.batch_norm(x, m, v, g, b, training, 0.1, 1e-5), **kw)
+                  inputs, lambda x, g, b, m, v: ref_batch_norm(x, g, b, m, v, training), state=state,
+                  torch=lambda F, x, g, b, m, v: F.batch_norm(x, m, v, g, b, training, 0.1, 1e-5),
+                  bugs=bugs or {})
+
+
+def torch_cat(tensors, dim):
+    import torch
+    return torch.cat(list(tensors), dim)
+
+
+def same_value_twice(a):
+    """x + x on a parameter and on an intermediate value: one gradient from two partials."""
+    h = ops.sigmoid(a)
+    return ops.add(ops.add(ops.tanh(a), ops.tanh(a)), ops.add(h, h))
+
+
+def branches_cat(x, w):
+    """A value read by two branches and also concatenated itself, twice."""
+    h = ops.conv2d(x, w, padding=1)
+    return ops.cat([ops.relu(h), h, ops.sigmoid(h), h])
+
+
+def ref_branches_cat(x, w):
+    h = ref_conv2d(x, w, padding=1)
+    return np.concatenate([np.maximum(h, 0), h, ref_sigmoid(h), h], 1)
+
+
+def torch_branches_cat(F, x, w):
+    h = F.conv2d(x, w, padding=1)
+    return torch_cat([F.relu(h), h, F.sigmoid(h), h], 1)
 
 
 def fan_out(x, w1, w2):
@@ -173,8 +201,10 @@ def torch_fan_out(F, x, w1, w2):
     return F.relu(h) + F.tanh(h) + F.conv2d(h, w2)
 
 
-def ref_ce_identity(z):
-    return z
+def ref_cross_entropy(z, labels):
+    z = z - z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return -logp[np.arange(len(labels)), labels].mean()
 
 
 CASES = [
@@ -197,9 +227,8 @@ CASES = [
            lambda x, w: x @ w.T, torch=lambda F, *t: F.linear(*t)),
     bn_case("batch_norm_train", (4, 3, 5, 6), True),
     bn_case("batch_norm_train_n1", (1, 2, 3, 3), True),
-    bn_case("batch_norm_eval", (2, 3, 4, 3), False,
-            bugs={"all": bug(TypeError, "BatchNorm2dOp(training=False) declares no saved outputs, so its "
-                                        "backward passes None mean/invstd to bn_backward")}),
+    bn_case("batch_norm_eval", (2, 3, 4, 3), False),
+    bn_case("batch_norm_of_constant", (2, 3, 4, 4), True, state=(0, 3, 4)),   # BN on the network input
     pointwise_case("relu", ops.relu, lambda x: np.maximum(x, 0), lambda F, x: F.relu(x), (3, 4, 5),
                    away_from_zero),
     pointwise_case("leaky_relu", ops.leaky_relu, ref_leaky_relu, lambda F, x: F.leaky_relu(x), (2, 3, 4, 5),
@@ -228,26 +257,18 @@ CASES = [
            torch=lambda F, a, b: a + b),
     OpCase("add_same_param", lambda a: ops.add(a, a), [randn("addaa", 3, 5)], lambda a: a + a,
            torch=lambda F, a: a + a),
-    OpCase("add_same_value", lambda a: ops.tanh(a) + ops.tanh(a) + (lambda h: h + h)(ops.sigmoid(a)),
-           [randn("addhh", 2, 4)], lambda a: 2 * np.tanh(a) + 2 * ref_sigmoid(a),
+    OpCase("add_same_value", same_value_twice, [randn("addhh", 2, 4)], lambda a: 2 * np.tanh(a) + 2 * ref_sigmoid(a),
            torch=lambda F, a: F.tanh(a) + F.tanh(a) + 2 * F.sigmoid(a)),
     OpCase("cat3_dim1", lambda a, b, c: ops.cat([a, b, c], dim=1),
            [randn("cata", 2, 1, 4, 5), randn("catb", 2, 3, 4, 5), randn("catc", 2, 2, 4, 5)],
-           lambda *a: np.concatenate(a, axis=1), torch=lambda F, *t: __import__("torch").cat(t, 1)),
-    OpCase("cat_branches", lambda x, w: (lambda h: ops.cat([ops.relu(h), h, ops.sigmoid(h), h]))(
-               ops.conv2d(x, w, padding=1)),
-           [randn("catbr", 2, 2, 4, 3), randn("catbrw", 3, 2, 3, 3)],
-           lambda x, w: (lambda h: np.concatenate([np.maximum(h, 0), h, ref_sigmoid(h), h], 1))(
-               ref_conv2d(x, w, padding=1)),
-           torch=lambda F, x, w: (lambda h: __import__("torch").cat([F.relu(h), h, F.sigmoid(h), h], 1))(
-               F.conv2d(x, w, padding=1))),
+           lambda *a: np.concatenate(a, axis=1), torch=lambda F, *t: torch_cat(t, 1)),
+    OpCase("cat_branches", branches_cat, [randn("catbr", 2, 2, 4, 3), randn("catbrw", 3, 2, 3, 3)],
+           ref_branches_cat, torch=torch_branches_cat),
     OpCase("cat_last_dim", lambda a, b: ops.cat([a, b], dim=-1), [randn("catl", 2, 3, 2), randn("catm", 2, 3, 4)],
-           lambda a, b: np.concatenate([a, b], -1), torch=lambda F, a, b: __import__("torch").cat([a, b], -1)),
+           lambda a, b: np.concatenate([a, b], -1), torch=lambda F, a, b: torch_cat([a, b], -1)),
     OpCase("cat_with_constant", lambda c, a: ops.cat([c, ops.tanh(a)], dim=1),
            [randn("catk", 2, 2, 3), randn("catka", 2, 3, 3)], lambda c, a: np.concatenate([c, np.tanh(a)], 1),
-           state=(0,), torch=lambda F, c, a: __import__("torch").cat([c, F.tanh(a)], 1),
-           bugs={"all": bug(AttributeError, "CatOp.backward reads g.shape before checking g is None: "
-                                            "cat of an input that needs no gradient crashes")}),
+           state=(0,), torch=lambda F, c, a: torch_cat([c, F.tanh(a)], 1)),
     OpCase("flatten", lambda x: ops.flatten(ops.tanh(x)), [randn("flat", 2, 3, 4, 5)],
            lambda x: np.tanh(x).reshape(2, -1), torch=lambda F, x: F.tanh(x).flatten(1)),
     OpCase("flatten_start2", lambda x: ops.flatten(x, 2), [randn("flat2", 2, 3, 2, 5)],
@@ -255,13 +276,14 @@ CASES = [
     OpCase("reshape_linear", lambda x, w: ops.linear(ops.reshape(x, (6, 10)), w),
            [randn("resh", 3, 4, 5), randn("reshw", 2, 10)], lambda x, w: x.reshape(6, 10) @ w.T,
            torch=lambda F, x, w: F.linear(x.reshape(6, 10), w)),
-    OpCase("cross_entropy", lambda z: ops.reshape(z, z.shape), [randn("ce", 6, 5) * 2], ref_ce_identity,
-           loss="ce", labels=np.array([0, 4, 2, 2, 1, 3]), torch=lambda F, z: z.reshape(z.shape)),
+    OpCase("cross_entropy", lambda z: z, [randn("ce", 6, 5) * 2], lambda z: z,   # the logits go straight in
+           loss="ce", labels=np.array([0, 4, 2, 2, 1, 3]), torch=lambda F, z: z),
     OpCase("cross_entropy_linear", ops.linear, [randn("cel", 4, 7), randn("celw", 3, 7), randn("celb", 3)],
            lambda x, w, b: x @ w.T + b, loss="ce", labels=np.array([2, 0, 1, 2]),
            torch=lambda F, *t: F.linear(*t)),
-    OpCase("mse_loss_4d", lambda p: ops.reshape(p, p.shape), [randn("mse", 2, 3, 2, 5)], lambda p: p,
-           torch=lambda F, p: p.reshape(p.shape)),
+    OpCase("cross_entropy_not_last", ops.cross_entropy, [randn("cenl", 4, 3), np.array([0, 1, 2, 1])],
+           lambda z, l: ref_cross_entropy(z, l), state=(1,), torch=lambda F, z, l: F.cross_entropy(z, l)),
+    OpCase("mse_loss_4d", lambda p: p, [randn("mse", 2, 3, 2, 5)], lambda p: p, torch=lambda F, p: p),
     OpCase("fan_out", fan_out, [randn("fan", 2, 2, 5, 4), randn("fanw1", 3, 2, 3, 3), randn("fanw2", 3, 3, 1, 1)],
            ref_fan_out, torch=torch_fan_out),
 ]

@@ -139,9 +139,7 @@ def build_pair(name, dtype=np.float32, seed=0):
     net.load_state_dict(sd)
     tnet = factory(tnn, torch.cat)
     tdtype = torch.float64 if np.dtype(dtype) == np.float64 else torch.float32
-    tsd = tnet.state_dict()
-    tnet.load_state_dict({k: torch.from_numpy(np.array(v)).reshape(tsd[k].shape)
-                          for k, v in net.state_dict().items()})
+    tnet.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
     tnet.to(tdtype)
     assert list(net.state_dict()) == list(tnet.state_dict())
     return net, tnet, shape
@@ -163,7 +161,7 @@ def assert_buffers_match(net, tnet, tol):
     tsd = tnet.state_dict()
     for k, v in net.state_dict().items():
         if k.endswith("num_batches_tracked"):
-            assert np.asarray(v).reshape(()).item() == int(tsd[k]), k  # shape: see the xfail below
+            assert np.asarray(v).shape == () and int(v) == int(tsd[k]), k
         elif "running" in k:
             assert rel_err(v, tsd[k].detach().numpy()) < tol, k
 
@@ -173,19 +171,18 @@ def test_state_dict_names_match_torch():
         net, tnet, _ = build_pair(name)
         assert list(net.state_dict()) == list(tnet.state_dict())
         for k, v in net.state_dict().items():
-            if not k.endswith("num_batches_tracked"):     # see test_torch_state_dict_loads_into_minidnn
-                assert tuple(v.shape) == tuple(tnet.state_dict()[k].shape), k
+            assert tuple(v.shape) == tuple(tnet.state_dict()[k].shape), k
 
 
-@pytest.mark.xfail(strict=True, reason="BatchNorm2d.num_batches_tracked is stored with shape (1,) (Buffer() "
-                   "passes the 0-d array through np.ascontiguousarray, which returns ndim >= 1), so a torch "
-                   "state_dict (shape ()) is refused by load_state_dict")
 def test_torch_state_dict_loads_into_minidnn():
+    """torch -> minidnn, BN buffers included (regression: num_batches_tracked was stored as shape (1,))."""
     net, tnet, _ = build_pair("resnet")
     tnet.bn1.num_batches_tracked.fill_(7)
     net.load_state_dict({k: v.numpy() for k, v in tnet.state_dict().items()})
     assert net.state_dict()["bn1.num_batches_tracked"].shape == ()
     assert int(net.state_dict()["bn1.num_batches_tracked"]) == 7
+    for k, v in tnet.state_dict().items():
+        assert np.array_equal(net.state_dict()[k], v.numpy()), k
 
 
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-4), (np.float64, 1e-10)])

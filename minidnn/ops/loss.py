@@ -8,6 +8,11 @@ from ..graph import Spec
 from .base import Op, apply, carve, nbytes_of
 
 
+def _upstream(gouts) -> float:
+    """d(objective)/d(loss): 1 for the iteration's loss, the incoming gradient if the loss feeds more ops."""
+    return 1.0 if gouts[0] is None else float(gouts[0])
+
+
 class CrossEntropyOp(Op):
     """Mean softmax cross-entropy of logits (N, K) against class indices (N,)."""
 
@@ -57,7 +62,7 @@ class CrossEntropyOp(Op):
         z = self._log_softmax(logits, ws)
         np.exp(z, out=gx)
         gx[np.arange(len(labels)), labels] -= 1
-        gx *= gx.dtype.type(1.0 / len(labels))
+        gx *= gx.dtype.type(_upstream(gouts) / len(labels))
 
 
 class MSEOp(Op):
@@ -83,7 +88,7 @@ class MSEOp(Op):
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         gx = gins[0]
         np.subtract(ins[0], ins[1], out=gx)
-        gx *= gx.dtype.type(2.0 / gx.size)
+        gx *= gx.dtype.type(2.0 * _upstream(gouts) / gx.size)
 
 
 def cross_entropy(logits, labels):

@@ -22,8 +22,9 @@ class BatchNorm2dOp(Op):
 
     def __init__(self, training=True, momentum=0.1, eps=1e-5):
         self.training, self.momentum, self.eps = training, momentum, eps
-        if not training:
-            self.saved_outputs = ()
+        if not training:                      # frozen statistics: y is affine in x
+            self.saved_inputs = (0, 1, 3)
+            self.saved_outputs = (2,)
 
     def infer(self, x, gamma, beta, rmean, rvar):
         if len(x.shape) != 4:
@@ -58,7 +59,21 @@ class BatchNorm2dOp(Op):
         ctx.k.bn_forward_train(x, gamma, beta, mean, invstd, y)
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        ctx.k.bn_backward(ins[0], gouts[0], ins[1], outs[1], outs[2], gins[0], gins[1], gins[2])
+        x, gamma, gy = ins[0], ins[1], gouts[0]
+        mean = outs[1] if self.training else ins[3]
+        invstd = outs[2]
+        if self.training and gins[0] is not None:
+            ctx.k.bn_backward(x, gy, gamma, mean, invstd, gins[0], gins[1], gins[2])
+            return
+        # frozen statistics, or no input gradient wanted: per-channel sums without a temporary
+        sum_gy = gy.sum(axis=(0, 2, 3))
+        sum_gyx = np.einsum("nchw,nchw->c", gy, x)
+        if gins[2] is not None:
+            gins[2][...] = sum_gy
+        if gins[1] is not None:
+            gins[1][...] = invstd * (sum_gyx - mean * sum_gy)
+        if gins[0] is not None:
+            np.multiply(gy, (gamma * invstd).reshape(1, -1, 1, 1), out=gins[0])
 
 
 def batch_norm2d(x, weight, bias, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
