@@ -52,7 +52,8 @@ def cmd_train(args):
     mean = train_set.images.mean(axis=(0, 2, 3)).tolist()
     std = (train_set.images.std(axis=(0, 2, 3)) + 1e-6).tolist()
     train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=False, seed=args.seed,
-                              mean=mean, std=std, augment=args.augment)
+                              mean=mean, std=std, augment=False if args.augment == "none" else args.augment,
+                              pad=args.pad)
     test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
     memory = MemoryConfig(budget=args.budget)
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
@@ -139,7 +140,7 @@ def parser():
     t.add_argument("--model", default="lenet5")
     t.add_argument("--data", default="digits", help="digits | mnist:DIR | fashion-mnist:DIR | cifar10:DIR | "
                    "cifar100:DIR | imagefolder:DIR | synthetic:3x32x32")
-    t.add_argument("--epochs", type=int, default=15)
+    t.add_argument("--epochs", type=int, default=30)
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--image-size", type=int, default=None)
     t.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
@@ -148,7 +149,9 @@ def parser():
     t.add_argument("--nesterov", action="store_true")
     t.add_argument("--weight-decay", type=float, default=5e-4)
     t.add_argument("--schedule", choices=["none", "step", "cosine"], default="cosine")
-    t.add_argument("--augment", action="store_true", help="random crop (pad 4) and horizontal flip")
+    t.add_argument("--augment", choices=["none", "crop", "crop+flip"], default="crop",
+                   help="random crop after zero padding (and horizontal flip: the CIFAR recipe)")
+    t.add_argument("--pad", type=int, default=2, help="zero padding before the random crop")
     t.add_argument("--budget", default=None, help="memory budget: bytes, '512MiB', or a fraction like 0.6")
     t.add_argument("--device", default="cpu")
     t.add_argument("--out", default="runs/latest", help="checkpoint and metrics directory")

@@ -335,11 +335,15 @@ class DataLoader:
     """
 
     def __init__(self, dataset, batch_size, shuffle=True, drop_last=False, seed=0,
-                 mean=None, std=None, augment=False, prefetch=2):
+                 mean=None, std=None, augment=False, prefetch=2, pad=4):
         if batch_size < 1 or prefetch < 0:
             raise DataError(f"batch_size must be >= 1 and prefetch >= 0, got {batch_size}, {prefetch}")
         self.dataset, self.batch_size = dataset, int(batch_size)
-        self.shuffle, self.drop_last, self.augment = shuffle, drop_last, augment
+        if augment not in (False, True, "crop", "crop+flip"):
+            raise DataError(f"augment must be False, 'crop' or 'crop+flip' (True), got {augment!r}")
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.augment = "crop+flip" if augment is True else augment
+        self.pad = int(pad)
         self.seed, self.epoch, self.prefetch = int(seed), 0, int(prefetch)
         self._mean = self._std = None
         if mean is not None or std is not None:
@@ -369,11 +373,15 @@ class DataLoader:
         self.epoch, self.seed = int(state["epoch"]), int(state["seed"])
 
     def _augment(self, x, rng):
-        # Standard CIFAR recipe on raw pixels: zero-pad 4, random crop back, random flip.
+        # The standard CIFAR recipe on raw pixels: zero-pad, random crop back, random flip
+        # (no flip with "crop": it would turn digits into other symbols).
         b, _, h, w = x.shape
-        padded = np.pad(x, ((0, 0), (0, 0), (4, 4), (4, 4)))
-        offsets = rng.integers(0, 9, size=(b, 2))
+        p = self.pad
+        padded = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+        offsets = rng.integers(0, 2 * p + 1, size=(b, 2))
         flips = rng.random(b) < 0.5
+        if self.augment == "crop":
+            flips[:] = False
         out = np.empty_like(x)
         for i, (dy, dx) in enumerate(offsets):
             crop = padded[i, :, dy:dy + h, dx:dx + w]

@@ -140,6 +140,11 @@ def test_integer_input_is_accepted(lenet_trainer):
 
 # -- shapes inside the network, found at compile time and named by module path ------------------
 
+def test_nested_net_compiles_when_shapes_fit():
+    trainer = minidnn.compile(Nested(), (2, 3, 8, 8), nn.CrossEntropyLoss())
+    assert np.isfinite(trainer.step(np.ones((2, 3, 8, 8), np.float32), np.array([0, 9])))
+
+
 def test_conv_channel_mismatch_names_the_module_path():
     net = Nested(c0=8, c1_in=24)      # layer1.0.conv1 expects 24 channels, conv1 gives 8
     with pytest.raises(minidnn.ShapeError) as e:
@@ -216,6 +221,31 @@ def test_nan_loss_raises_and_leaves_parameters_unchanged(lenet_trainer):
         assert np.array_equal(p.data, q.data), n
 
 
+def test_nan_loss_under_a_tight_budget_then_training_continues():
+    """The error aborts a step with copies in flight (offload/prefetch); the next steps are unaffected."""
+    with pytest.raises(minidnn.MemoryBudgetError) as e:
+        minidnn.compile(LeNet(), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9), memory=1)
+    tight = minidnn.compile(LeNet().init_parameters(0), SHAPE, nn.CrossEntropyLoss(),
+                            optim.SGD(lr=0.1, momentum=0.9),
+                            memory=minidnn.MemoryConfig(budget=e.value.minimum_bytes, check=True, poison=True))
+    assert {"offload", "prefetch"} <= {s.kind for s in tight.plan.steps}
+    ref = minidnn.compile(LeNet().init_parameters(0), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9))
+    x, y = good_batch()
+    assert tight.step(x, y) == ref.step(x, y)
+    before = snapshot(tight.net)
+    bad = x.copy()
+    bad[2] = np.nan
+    with pytest.raises(minidnn.NumericalError):
+        tight.step(bad, y)
+    assert_unchanged(tight.net, before)
+    for s in range(2, 5):
+        xb, yb = good_batch(seed=s)
+        assert tight.step(xb, yb) == ref.step(xb, yb)
+    for (n, p), (_, q) in zip(tight.net.named_parameters(), ref.net.named_parameters()):
+        assert np.array_equal(p.data, q.data), n
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
 def test_inf_input_gives_numerical_error(lenet_trainer):
     x, y = good_batch()
     x[0] = np.inf

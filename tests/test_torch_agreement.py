@@ -224,13 +224,13 @@ def _run_sgd(name, nesterov, steps=5):
         tl.backward()
         topt.step()
         tlosses.append(tl.item())
-    return net, tnet, losses, tlosses
+    return net, tnet, losses, tlosses, trainer
 
 
 @pytest.mark.parametrize("nesterov", [False, True], ids=["momentum", "nesterov"])
 @pytest.mark.parametrize("name", list(NETS))
 def test_sgd_trajectory(name, nesterov):
-    net, tnet, losses, tlosses = _run_sgd(name, nesterov)
+    net, tnet, losses, tlosses, _ = _run_sgd(name, nesterov)
     for s, (a, b) in enumerate(zip(losses, tlosses)):
         assert abs(a - b) <= 1e-4 * abs(b), (s, a, b)
     # the weights actually moved, so agreement of the final parameters means something
@@ -283,14 +283,15 @@ def test_adamw_lenet():
 
 @pytest.mark.parametrize("name", ["resnet", "densenet"])
 def test_predict_matches_torch_eval_after_training(name):
-    net, tnet, losses, tlosses = _run_sgd(name, nesterov=False, steps=3)
-    trainer_net = net
-    # a new trainer on the trained net (its arrays moved into a fresh persistent region)
-    trainer = minidnn.compile(trainer_net, NETS[name][1], mnn.CrossEntropyLoss())
-    x, _ = batch((5,) + NETS[name][1][1:], 99)
+    net, tnet, _, _, trainer = _run_sgd(name, nesterov=False, steps=3)
+    x, _ = batch((5,) + NETS[name][1][1:], 99)     # another batch size: predict gets its own eval plan
+    before = {k: np.array(v) for k, v in net.state_dict().items()}
     out = trainer.predict(x)
     tnet.eval()
     with torch.no_grad():
         tout = tnet(torch.from_numpy(x)).numpy()
-    assert out.shape == tout.shape
+    assert out.shape == tout.shape == (5, 10)
     assert rel_err(out, tout) < 1e-4
+    # eval mode moved no statistics
+    for k, v in net.state_dict().items():
+        assert np.array_equal(v, before[k]), k
