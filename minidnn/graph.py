@@ -7,8 +7,10 @@ so tracing needs no global state.
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -22,9 +24,9 @@ class Spec:
     shape: tuple
     dtype: np.dtype
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 class Value:

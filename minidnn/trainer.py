@@ -46,12 +46,18 @@ class Trainer:
 
     # -- planning -----------------------------------------------------------
     def _schedule(self, shape, training):
-        was = self.net.training
-        self.net.train(training)
-        try:
-            graph = trace(self.net, shape, self.dtype, loss=self.loss if training else None)
-        finally:
-            self.net.train(was)
+        """Training steps trace the modules in the modes the user set (a frozen BatchNorm stays
+        frozen); ``predict`` traces everything in eval mode."""
+        if training:
+            graph = trace(self.net, shape, self.dtype, loss=self.loss)
+        else:
+            modes = [(m, m.training) for m in self.net.modules()]
+            self.net.eval()
+            try:
+                graph = trace(self.net, shape, self.dtype)
+            finally:
+                for m, mode in modes:
+                    object.__setattr__(m, "training", mode)
         return build_schedule(graph, training=training, optimizer=self.optimizer if training else None)
 
     def plan_for(self, shape, training=True):

@@ -296,6 +296,22 @@ def test_predict_uses_running_statistics():
     for k, v in net.state_dict().items():
         assert np.array_equal(v, sd[k]), k
     assert net.training                            # predict restores the module's mode
+    # the result is the caller's own array, not a view of the arena the next run overwrites
+    assert not np.shares_memory(out, trainer.executor.arena)
+    kept = out.copy()
+    trainer.step(*batch((8, 3, 6, 6), 9))
+    trainer.predict(batch((5, 3, 6, 6), 51)[0])
+    assert np.array_equal(out, kept)
+
+
+def test_batchnorm_counter_moves_with_the_statistics_after_net_eval():
+    net = ConvBN().init_parameters(0)
+    net.eval()
+    trainer = minidnn.compile(net, (8, 3, 6, 6), nn.CrossEntropyLoss(), optim.SGD(lr=0.1))
+    before = np.array(net.bn.running_mean.data)
+    trainer.step(*batch((8, 3, 6, 6), 0))
+    moved = not np.array_equal(net.bn.running_mean.data, before)
+    assert int(net.bn.num_batches_tracked.data) == (1 if moved else 0)
 
 
 def test_predict_matches_torch_eval():

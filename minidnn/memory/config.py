@@ -62,6 +62,8 @@ class MemoryConfig:
             return None
         if isinstance(b, str) and b.strip().endswith("%"):
             b = float(b.strip()[:-1]) / 100
+        elif isinstance(b, str) and re.fullmatch(r"\s*0?\.[0-9]+\s*|\s*1(\.0*)?\s*", b):
+            b = float(b)                      # "0.6" on a command line: a fraction
         if isinstance(b, float):
             if not 0 < b <= 1:
                 raise ValueError(f"a fractional budget must be in (0, 1], got {b}")

@@ -18,24 +18,27 @@ def place(spans: dict, sizes: dict, base: int = 0) -> dict:
     n = len(order)
     starts = np.empty(n, np.int64)
     ends = np.empty(n, np.int64)
-    offs = np.empty(n, np.int64)
-    lens = np.empty(n, np.int64)
+    lo = np.empty(n, np.int64)      # placed offsets
+    hi = np.empty(n, np.int64)      # placed offset + aligned size
     out = {}
     for k, t in enumerate(order):
         a, b = spans[t]
         size = aligned(sizes[t])
-        mask = (starts[:k] <= b) & (ends[:k] >= a)
-        best, best_gap, cursor = None, None, base
-        if mask.any():
-            o, ln = offs[:k][mask], lens[:k][mask]
-            idx = np.argsort(o, kind="stable")
-            for lo, l in zip(o[idx].tolist(), ln[idx].tolist()):
-                gap = lo - cursor
-                if gap >= size and (best_gap is None or gap < best_gap):
-                    best, best_gap = cursor, gap
-                cursor = max(cursor, lo + l)
-        off = best if best is not None else cursor
-        starts[k], ends[k], offs[k], lens[k] = a, b, off, size
+        off = base
+        idx = np.flatnonzero((starts[:k] <= b) & (ends[:k] >= a))
+        if idx.size:
+            o = lo[idx]
+            srt = np.argsort(o, kind="stable")
+            o, e = o[srt], hi[idx][srt]
+            reach = np.maximum.accumulate(e)                     # highest byte used below each buffer
+            gap_lo = np.concatenate(([base], np.maximum(reach[:-1], base)))
+            gaps = o - gap_lo
+            fit = np.flatnonzero(gaps >= size)
+            if fit.size:                                         # best fit: the smallest gap that holds it
+                off = int(gap_lo[fit[np.argmin(gaps[fit])]])
+            else:
+                off = max(int(reach[-1]), base)
+        starts[k], ends[k], lo[k], hi[k] = a, b, off, off + size
         out[t] = off
     return out
 

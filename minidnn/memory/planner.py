@@ -101,39 +101,41 @@ class _Candidates:
         n = len(steps)
         tensors = schedule.tensors
         keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
-        self.curve = np.zeros(n + 1, np.int64)
+        diff = np.zeros(n + 1, np.int64)
         for t, ts in touch.items():
             size = aligned(tensors[t].nbytes)
-            end = n - 1 if t in keep else ts[-1]
-            self.curve[ts[0]] += size
-            self.curve[end + 1] -= size
-        self.curve = np.cumsum(self.curve[:-1])
+            diff[ts[0]] += size
+            diff[(n - 1 if t in keep else ts[-1]) + 1] -= size
+        self.curve = np.cumsum(diff[:-1])
         producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
         last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
-        rows = []
+        rows, off_cost, xfer, rc_cost = [], [], [], []
         for t, ts in touch.items():
             size = aligned(tensors[t].nbytes)
             for g in range(len(ts) - 1):
                 a, b = ts[g], ts[g + 1]
                 if b - a < 2:
                     continue
-                best = (np.inf, None)
-                if allow_offload:
-                    x = cost.transfer_seconds(tensors[t].nbytes)
-                    window = self.cum[b] - self.cum[a + 1]
-                    best = (max(0.0, 2 * x - window) + 0.01 * x, "offload")
-                if allow_recompute and b > last_forward and t in producer:
-                    rc = self._recompute_cost(t, b, producer)
-                    if rc < best[0]:
-                        best = (rc, "recompute")
-                if best[1] is not None:
-                    rows.append((t, g, a, b, size, best[0], best[1]))
+                x = cost.transfer_seconds(tensors[t].nbytes) if allow_offload else np.inf
+                rc = (self._recompute_cost(t, b, producer)
+                      if allow_recompute and b > last_forward and t in producer else np.inf)
+                if np.isinf(x) and np.isinf(rc):
+                    continue
+                rows.append((t, g, a, b, size))
+                # the copy stream is shared: even a transfer that its gap could hide may delay
+                # others, so each is charged a quarter of its time (the Capuchin-style bias
+                # towards recomputing cheap layers and swapping expensive ones)
+                off_cost.append(max(0.0, 2 * x - (self.cum[b] - self.cum[a + 1])) + 0.25 * x)
+                xfer.append(2 * x)
+                rc_cost.append(rc)
         self.rows = rows
         self.A = np.array([r[2] for r in rows], np.int64)
         self.B = np.array([r[3] for r in rows], np.int64)
         self.size = np.array([r[4] for r in rows], np.float64)
-        self.score = np.array([(r[5] + 1e-9) / r[4] for r in rows])
+        self.off_cost, self.xfer, self.rc_cost = np.array(off_cost), np.array(xfer), np.array(rc_cost)
         self.taken = np.zeros(len(rows), bool)
+        self.copy_capacity = 0.9 * self.cum[-1]   # what the copy stream can hide behind one iteration
+        self.copy_used = 0.0
 
     def _recompute_cost(self, t, at, producer, depth=0):
         src = producer.get(t)
@@ -149,6 +151,13 @@ class _Candidates:
             c += self._recompute_cost(u, at, producer, depth + 1)
         return c
 
+    def _costs(self, mask):
+        """(cost, is_offload) of the masked rows, given the copy time already committed."""
+        over = self.copy_used + self.xfer[mask] > self.copy_capacity
+        off = np.where(over, self.xfer[mask], self.off_cost[mask])   # beyond capacity a copy is exposed
+        rc = self.rc_cost[mask]
+        return np.minimum(off, rc), off <= rc
+
     def greedy(self, limit):
         """Evict until the approximate curve fits ``limit``; returns {(t, gap): Evict} or None."""
         curve = self.curve.astype(np.float64)
@@ -160,14 +169,21 @@ class _Candidates:
             mask = (self.A < s) & (self.B > s) & ~self.taken
             if not mask.any():
                 return None
-            k = int(np.flatnonzero(mask)[np.argmin(self.score[mask])])
+            cost, is_off = self._costs(mask)
+            j = int(np.argmin((cost + 1e-9) / self.size[mask]))
+            k = int(np.flatnonzero(mask)[j])
             self.taken[k] = True
-            t, g, a, b, size, _, kind = self.rows[k]
-            chosen[(t, g)] = Evict(kind)
+            t, g, a, b, size = self.rows[k]
+            if is_off[j]:
+                self.copy_used += self.xfer[k]
+            chosen[(t, g)] = Evict("offload" if is_off[j] else "recompute")
             curve[a + 1:b] -= size
 
     def all(self):
-        return {(r[0], r[1]): Evict(r[6]) for r in self.rows}
+        """Every gap evicted, each by its cheaper way (offload where it cannot be recomputed)."""
+        everything = np.ones(len(self.rows), bool)
+        _, is_off = self._costs(everything)
+        return {(r[0], r[1]): Evict("offload" if o else "recompute") for r, o in zip(self.rows, is_off)}
 
 
 def _hide_transfers(plan_fn, schedule, evictions, cost, limit, touch, secs):
@@ -240,15 +256,20 @@ def policy_variants(policy):
 
 
 def _fit(policy, schedule, limit, cost, touch, build, rounds=8):
+    """Evictions whose exact placement fits ``limit``: aim lower by what placement or restores add."""
     target = limit
     for _ in range(rounds):
         ev = policy.evictions(schedule, target, cost, touch)
         if ev is None:
             return None
-        plan = build(ev)
-        if plan.arena_bytes <= limit:
-            return plan
-        target -= plan.arena_bytes - limit        # fragmentation or restore temporaries: aim lower
+        program = lower(schedule, ev, touch)
+        live = int(memory_curve(program).max(initial=0))
+        if live <= limit:                          # only a candidate that can fit is worth placing
+            plan = build(ev)
+            if plan.arena_bytes <= limit:
+                return plan
+            live = plan.arena_bytes
+        target -= live - limit
     return None
 
 

@@ -46,7 +46,9 @@ class BatchNorm2dOp(Op):
             ctx.k.bn_forward_train(x, gamma, beta, rmean, invstd, y)
             return
         ctx.k.bn_stats(x, mean, invstd)          # invstd holds the biased variance here
-        if not ctx.recompute:
+        # statistics move once a step, and never towards a non-finite batch (whose loss
+        # will be refused, leaving the model as it was)
+        if not ctx.recompute and np.isfinite(mean).all() and np.isfinite(invstd).all():
             m = x.shape[0] * x.shape[2] * x.shape[3]
             mom = self.momentum
             rmean *= 1 - mom
