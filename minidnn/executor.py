@@ -86,6 +86,42 @@ class _Bound:
         self.touched = [[t for t in s.touched if not prog.tensors[t].persistent] for s in prog.steps]
 
 
+class _Tracing:
+    """Feeds a trace Recorder from the executor's loop (only for sampled iterations)."""
+
+    def __init__(self, rec, plan, executor):
+        self.rec, self.plan, self.executor = rec, plan, executor
+        self.tensors = plan.program.tensors
+        self.host_seen = set()
+
+    def mem(self, action, tid, size, off, i):
+        t = self.tensors[tid]
+        self.rec.mem(self.rec.clock(), action, t.name, t.category, size, off, i)
+
+    def host_copy(self, tid, i):
+        if tid not in self.host_seen:
+            self.host_seen.add(tid)
+            t = self.tensors[tid]
+            self.rec.mem(self.rec.clock(), "alloc", t.name, "host_copy", aligned(t.nbytes),
+                         self.plan.program.host_slots[tid], i)
+
+    def copy_span(self, step, i):
+        nbytes = self.tensors[(step.reads or step.writes)[0]].nbytes
+        return lambda start, end: self.rec.span("copy", step.label, step.kind, i, start, end, nbytes)
+
+    def end(self, t, high):
+        plan, store = self.plan, self.executor.store
+        now = self.rec.clock()
+        for tid in self.host_seen:              # the host store's copies end with the iteration
+            tt = self.tensors[tid]
+            self.rec.mem(now, "free", tt.name, "host_copy", aligned(tt.nbytes), plan.program.host_slots[tid])
+        persistent = [(tt.name, tt.category, aligned(tt.nbytes)) for tt in plan.schedule.tensors if tt.persistent]
+        self.rec.end(device=self.executor.backend.name, budget=plan.budget, persistent=persistent,
+                     planned=[(i, plan.persistent_bytes + c) for i, c in enumerate(plan.live_curve)],
+                     plan_peak=plan.peak_bytes, measured_peak=store.nbytes + high,
+                     host_bytes=plan.host_bytes, iteration=t)
+
+
 class Executor:
     """Runs plans on one backend, growing one arena and one host store to the largest plan seen."""
 
@@ -119,13 +155,20 @@ class Executor:
             b = self._bound[id(plan)] = _Bound(plan, self.arena, self.host, self.store)
         return b
 
-    def run(self, plan, ctx, feeds, optimizer=None, t=0, profile=False) -> dict:
+    def run(self, plan, ctx, feeds, optimizer=None, t=0, profile=False, recorder=None) -> dict:
         """Run one iteration of ``plan``; ``feeds`` are the arrays for the load step.
 
         Returns host copies of the graph outputs and the loss, by tensor id.
-        With ``profile``, ``step_seconds`` gets each step's wall time.
+        With ``profile``, ``step_seconds`` gets each step's wall time; a
+        ``recorder`` (minidnn.trace.Recorder) gets spans and memory events.
         """
         b = self.bind(plan)
+        rec = recorder if recorder is not None and recorder.begin(t) else None
+        if rec is not None:
+            return self._run(plan, b, ctx, feeds, optimizer, t, profile, _Tracing(rec, plan, self))
+        return self._run(plan, b, ctx, feeds, optimizer, t, profile, None)
+
+    def _run(self, plan, b, ctx, feeds, optimizer, t, profile, tr) -> dict:
         steps = plan.program.steps
         live: dict[int, tuple] = {}
         offloads: dict[int, object] = {}     # offload step index -> event
@@ -140,14 +183,16 @@ class Executor:
                     self._check_free(live, off, size, tid, plan, step)
                 live[tid] = (off, size)
                 high = max(high, off + size)
+                if tr:
+                    tr.mem("alloc", tid, size, off, i)
             ins, outs, gouts, gins, ws, reads, updates, copy = b.args[i]
             kind = step.kind
             if arriving:
                 for tid in b.touched[i]:
                     ev = arriving.pop(tid, None)
                     if ev is not None:
-                        self.copies.wait(ev)
-            t0 = time.perf_counter() if profile else 0.0
+                        self._wait(ev, tr, i, f"wait for prefetch {plan.program.tensors[tid].name}")
+            t0 = time.perf_counter() if profile or tr else 0.0
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)
                 if step.node.op.is_loss and not np.isfinite(outs[0]).all():
@@ -162,9 +207,11 @@ class Executor:
                 finally:
                     ctx.recompute = False
             elif kind == "offload":
-                offloads[i] = self.copies.copy(copy[1], copy[0])
+                offloads[i] = self.copies.copy(copy[1], copy[0], tr.copy_span(step, i) if tr else None)
+                if tr:
+                    tr.host_copy(step.reads[0], i)
             elif kind == "prefetch":
-                arriving[step.writes[0]] = self.copies.copy(copy[0], copy[1])
+                arriving[step.writes[0]] = self.copies.copy(copy[0], copy[1], tr.copy_span(step, i) if tr else None)
             elif kind == "accumulate":
                 ctx.k.add_inplace(updates[0], reads[0])
             elif kind == "update":
@@ -176,18 +223,32 @@ class Executor:
                 raise ValueError(f"unknown step kind {kind!r}")
             if profile:
                 times.append(time.perf_counter() - t0)
+            if tr and kind not in ("offload", "prefetch"):
+                tr.rec.span("compute", step.label, kind, i, t0, time.perf_counter())
             if i == last:
                 fetched = {tid: np.array(self.backend.to_host(b.view(tid, i))) for tid in b.fetch}
             for off, size, tid, wait in b.frees[i]:
                 if wait is not None:
-                    self.copies.wait(offloads.pop(wait))
+                    self._wait(offloads.pop(wait), tr, i, f"wait for offload {plan.program.tensors[tid].name}")
                 del live[tid]
                 if self.poison:
                     self.arena[off:off + size] = POISON_BYTE
+                if tr:
+                    tr.mem("free", tid, size, off, i)
         self.high_water_bytes = high
         if profile:
             self.step_seconds = times
+        if tr:
+            tr.end(t, high)
         return fetched
+
+    def _wait(self, event, tr, i, what):
+        if tr is None or event.is_set():
+            self.copies.wait(event)
+            return
+        t0 = time.perf_counter()
+        self.copies.wait(event)
+        tr.rec.span("compute", what, "stall", i, t0, time.perf_counter())
 
     @staticmethod
     def _check_free(live, off, size, tid, plan, step):

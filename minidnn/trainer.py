@@ -1,6 +1,8 @@
 """``minidnn.compile``: a network, a loss, an optimizer and a memory budget in; a Trainer out."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from .autograd import build_schedule
@@ -10,6 +12,7 @@ from .executor import Context, Executor
 from .graph import trace
 from .memory import MemoryConfig, plan_memory
 from .persistent import PersistentStore
+from .trace import Recorder
 
 
 class Trainer:
@@ -20,7 +23,8 @@ class Trainer:
     and one arena sized for the largest.
     """
 
-    def __init__(self, net, input_shape, loss, optimizer, device="cpu", memory=None, dtype=np.float32, seed=0):
+    def __init__(self, net, input_shape, loss, optimizer, device="cpu", memory=None, dtype=np.float32, seed=0,
+                 trace_every=1):
         self.net, self.loss, self.optimizer = net, loss, optimizer
         self.input_shape = tuple(input_shape)
         self.dtype = np.dtype(dtype)
@@ -42,7 +46,11 @@ class Trainer:
         first = self._schedule(self.input_shape, training=True)
         self.store = PersistentStore(self.backend, first, optimizer)
         self.executor = Executor(self.backend, self.store, poison=self.memory.poison, check=self.memory.check)
-        self._plans[("train", self.input_shape)] = plan_memory(first, self.memory)
+        self.recorder = Recorder(every=trace_every, clock=self.backend.clock) if trace_every else None
+        plan = self._plans[("train", self.input_shape)] = plan_memory(first, self.memory)
+        # a fractional budget is a fraction of the compiled training step's liveness peak;
+        # every other shape (the last partial batch, predict) gets the same bytes
+        self.memory = dataclasses.replace(self.memory, budget=plan.budget)
 
     # -- planning -----------------------------------------------------------
     def _schedule(self, shape, training):
@@ -106,7 +114,7 @@ class Trainer:
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context(self.backend.k, self.rng)
-        out = self.executor.run(plan, ctx, [x, y], self.optimizer, self.steps_done + 1)
+        out = self.executor.run(plan, ctx, [x, y], self.optimizer, self.steps_done + 1, recorder=self.recorder)
         self.steps_done += 1
         for m in self.net.modules():
             nbt = getattr(m, "num_batches_tracked", None)
@@ -120,6 +128,11 @@ class Trainer:
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
         ctx = Context(self.backend.k, self.rng)
         return self.executor.run(plan, ctx, [x])[plan.schedule.outputs[0]]
+
+    @property
+    def trace(self):
+        """The memory timeline of the last recorded training step (a minidnn.trace.Trace), or None."""
+        return self.recorder.trace if self.recorder is not None else None
 
     # -- accounting ---------------------------------------------------------
     @property
@@ -140,11 +153,13 @@ class Trainer:
         return self.store.nbytes + self.executor.high_water_bytes
 
 
-def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, dtype=np.float32, seed=0) -> Trainer:
+def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, dtype=np.float32, seed=0,
+            trace_every=1) -> Trainer:
     """Trace ``net`` with ``loss`` at ``input_shape`` (batch first), plan memory, and return a Trainer.
 
     ``memory`` is a :class:`MemoryConfig`, a budget (bytes, ``"512MiB"``, a
     fraction of the liveness peak) or None for no limit. ``seed`` seeds the
     trainer's own random stream (dropout), so seeded runs repeat bit for bit.
+    Every ``trace_every``-th training step is recorded (``trainer.trace``; 0: none).
     """
-    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed)
+    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -50,6 +51,8 @@ class CPUBackend:
     def synchronize(self):
         pass
 
+    clock = staticmethod(time.perf_counter)   # the clock traces are stamped with
+
     def describe(self) -> str:
         return "cpu (NumPy + minidnn._C)"
 
@@ -73,16 +76,20 @@ class CopyStream:
             item = self._q.get()
             if item is None:
                 return
-            dst, src, done = item
+            dst, src, done, on_done = item
+            start = time.perf_counter()
             try:
                 np.copyto(dst, src)
             except BaseException as e:  # surfaced to the compute thread on wait()
                 self._error = e
+            if on_done is not None:
+                on_done(start, time.perf_counter())
             done.set()
 
-    def copy(self, dst, src) -> threading.Event:
+    def copy(self, dst, src, on_done=None) -> threading.Event:
+        """Queue ``dst[...] = src``; ``on_done(start, end)`` runs on the copy thread when it is done."""
         done = threading.Event()
-        self._q.put((dst, src, done))
+        self._q.put((dst, src, done, on_done))
         return done
 
     def wait(self, event):

@@ -187,23 +187,28 @@ class _Candidates:
 
 
 def _hide_transfers(plan_fn, schedule, evictions, cost, limit, touch, secs):
-    """Issue prefetches early enough to hide them, where the budget allows; keep what still fits."""
-    lead = {}
+    """Give each offload time to overlap compute: hold its buffer a few compute steps after the
+    copy is issued, and issue its prefetch early enough to arrive in time; keep it if it still fits."""
+    timed = {}
     for key, ev in evictions.items():
         if ev.kind != "offload":
             continue
         t, g = key
         a, b = touch[t][g], touch[t][g + 1]
         need = cost.transfer_seconds(schedule.tensors[t].nbytes)
-        acc, k = 0.0, 0
-        while acc < need and b - k - 1 > a + 1:
-            k += 1
-            acc += secs[b - k]
-        lead[key] = Evict("offload", delay=0, lead=k)
-    if not lead:
+        lead, acc = 0, 0.0
+        while acc < need and b - lead - 1 > a + 1:
+            lead += 1
+            acc += secs[b - lead]
+        delay, acc = 0, 0.0
+        while acc < need and a + delay + 1 < b - lead - 1:
+            delay += 1
+            acc += secs[a + delay]
+        timed[key] = Evict("offload", delay=delay, lead=lead)
+    if not timed:
         return None
     trial = dict(evictions)
-    trial.update(lead)
+    trial.update(timed)
     plan = plan_fn(trial)
     return plan if plan.arena_bytes <= limit else None
 

@@ -1,0 +1,312 @@
+"""Reading a trace: its figures (``stats``), a ``summary``, a ``diff`` of two, a ``plot``, its
+``problems`` (consistency checks), and ``from_plan``, the trace a plan predicts (to diff a run
+against its plan).
+
+Everything here is also reachable as ``minidnn.trace.<name>``; matplotlib is
+imported only by ``plot``.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from .memory.config import format_bytes as fb
+from .schedule import aligned
+from .trace import HOST_COPY, KINDS, STREAMS, MemEvent, Span, Trace, TraceError, memory_curve, step_times
+
+COLORS = {"parameter": "#4e79a7", "gradient": "#a0cbe8", "optimizer_state": "#59a14f", "bn_state": "#8cd17d",
+          "input": "#b6992d", "activation": "#f28e2b", "activation_gradient": "#ffbe7d", "workspace": "#bab0ac",
+          "forward": "#4e79a7", "backward": "#59a14f", "recompute": "#f28e2b", "update": "#79706e",
+          "accumulate": "#bab0ac", "load": "#d4a6c8", "offload": "#b07aa1", "prefetch": "#17becf",
+          "stall": "#e15759"}
+
+
+def _measure(intervals) -> float:
+    """Length of the union of (start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def _overlap(a, b) -> float:
+    """Length of (union of a) intersected with (union of b)."""
+    return _measure(a) + _measure(b) - _measure(list(a) + list(b))
+
+
+def live_at(trace, index) -> list:
+    """The device buffers (the MemEvents that allocated them) live after memory event ``index``."""
+    live = {}
+    for e in trace.mem_events[:index + 1]:
+        if e.category != HOST_COPY:
+            if e.action == "alloc":
+                live[(e.tensor, e.offset)] = e
+            else:
+                live.pop((e.tensor, e.offset), None)
+    return list(live.values())
+
+
+def problems(trace) -> list:
+    """What is inconsistent in a trace (empty when it is sound): streams, kinds, span nesting, accounting."""
+    out = []
+    for stream in {s.stream for s in trace.spans}:
+        if stream not in STREAMS:
+            out.append(f"unknown stream {stream!r}")
+        stack = []
+        for s in sorted((s for s in trace.spans if s.stream == stream), key=lambda s: (s.start, -s.end)):
+            if s.end < s.start:
+                out.append(f"{stream}: span {s.name} ends before it starts")
+            while stack and stack[-1].end <= s.start:
+                stack.pop()
+            if stack and s.end > stack[-1].end:
+                out.append(f"{stream}: {s.name} [{s.start:.6f}, {s.end:.6f}] partially overlaps "
+                           f"{stack[-1].name} [{stack[-1].start:.6f}, {stack[-1].end:.6f}]")
+            stack.append(s)
+    out += [f"unknown span kind {k!r}" for k in sorted({s.kind for s in trace.spans} - set(KINDS))]
+    if any(b.time < a.time for a, b in zip(trace.mem_events, trace.mem_events[1:])):
+        out.append("memory events are not in time order")
+    try:
+        _, rows = memory_curve(trace)
+    except TraceError as e:
+        return out + [str(e).removeprefix("trace: ")]
+    if any(min(r[5], default=0) < 0 or r[4] < 0 for r in rows):
+        out.append("a category's bytes go negative")
+    peak = max(r[3] for r in rows)
+    if peak != trace.measured_peak:
+        out.append(f"the events' high-water mark {peak} B differs from the executor's measured peak "
+                   f"{trace.measured_peak} B")
+    return out
+
+
+def stats(trace) -> dict:
+    """The figures ``summary`` and ``diff`` report, by name (bytes, seconds, counts, ratios)."""
+    cats, rows = memory_curve(trace)
+    k = max(range(len(rows)), key=lambda i: rows[i][3])       # first time the footprint is highest
+    j = max(range(len(rows)), key=lambda i: rows[i][2])       # ... and the live bytes
+    t_peak = rows[k][0]
+    ev = rows[k][1]
+    at = [s for s in trace.spans if s.step == ev.step and s.kind != "stall"] if ev is not None else []
+    at = at or [s for s in trace.spans if s.stream == "compute" and s.start <= t_peak <= s.end]
+    by_kind = defaultdict(float)
+    for s in trace.spans:
+        by_kind[s.kind] += s.end - s.start
+    compute = [(s.start, s.end) for s in trace.spans if s.stream == "compute" and s.kind != "stall"]
+    copies = [(s.start, s.end) for s in trace.spans if s.stream == "copy"]
+    fwd = [(s.start, s.end) for s in trace.spans if s.kind == "forward"]
+    bwd = [s.start for s in trace.spans if s.kind == "backward"] + [s.end for s in trace.spans if s.kind == "backward"]
+    offl = [s for s in trace.spans if s.kind == "offload"]
+    pref = [s for s in trace.spans if s.kind == "prefetch"]
+    copy_busy = _measure(copies)
+    measured, planned = {}, dict(trace.planned)
+    for t, e, total, *_ in rows[1:]:
+        if e.step < 0 or e.category == HOST_COPY:
+            continue
+        if e.action == "alloc":
+            measured[e.step] = total
+        elif e.step not in measured:               # a step that only frees: what it held before
+            measured[e.step] = total + e.nbytes
+    gaps = {s: measured[s] - planned[s] for s in measured if s in planned and measured[s] != planned[s]}
+    return {
+        "seconds": trace.duration, "steps": len({s.step for s in trace.spans if s.step >= 0}),
+        "peak_bytes": rows[k][3], "peak_time": t_peak, "peak_span": at[0] if at else None,
+        "peak_live_bytes": rows[k][2], "live_peak_bytes": rows[j][2], "live_peak_time": rows[j][0],
+        "live_peak_step": rows[j][1].step if rows[j][1] is not None else -1,
+        "peak_by_category": dict(zip(cats, rows[k][5])),
+        "peak_tensors": sorted(live_at(trace, k - 1) if k else [], key=lambda e: -e.nbytes),
+        "measured_peak": trace.measured_peak, "plan_peak": trace.plan_peak, "budget": trace.budget,
+        "budget_crossed": trace.budget is not None and max(r[3] for r in rows) > trace.budget,
+        "offload_bytes": sum(s.nbytes for s in offl), "offloads": len(offl),
+        "prefetch_bytes": sum(s.nbytes for s in pref), "prefetches": len(pref),
+        "offloads_overlapping_forward": sum(_overlap([(s.start, s.end)], fwd) > 0 for s in offl),
+        "prefetches_in_backward": sum(bool(bwd) and min(bwd) <= s.start <= max(bwd) for s in pref),
+        "copy_seconds": copy_busy, "overlap": _overlap(copies, compute) / copy_busy if copy_busy else 1.0,
+        "stall_seconds": by_kind["stall"], "stalls": sum(s.kind == "stall" for s in trace.spans),
+        "recompute_seconds": by_kind["recompute"], "recomputes": sum(s.kind == "recompute" for s in trace.spans),
+        "seconds_by_kind": dict(by_kind), "host_peak_bytes": max(r[4] for r in rows), "host_bytes": trace.host_bytes,
+        "plan_steps_compared": len([s for s in measured if s in planned]), "plan_gaps": gaps,
+    }
+
+
+def _ms(t) -> str:
+    return f"{t * 1e3:.2f} ms"
+
+
+def _pct(v) -> str:
+    return f"{v * 100:.1f}%"
+
+
+def summary(trace, top=10) -> str:
+    """Peak and when, bytes by category and largest tensors at the peak, copies, overlap, stalls, plan."""
+    st = stats(trace)
+    n = Counter(s.kind for s in trace.spans)
+    kinds = ", ".join(f"{n[k]} {k}" for k in ("forward", "backward", "recompute", "offload", "prefetch") if n[k])
+    lines = [f"trace: {trace.device}, iteration {trace.iteration}, {_ms(st['seconds'])}, {st['steps']} steps "
+             f"({kinds})"]
+    sp = st["peak_span"]
+    where = f", during step {sp.step} {sp.name} ({sp.kind})" if sp else ""
+    lines.append(f"peak        {fb(st['peak_bytes']):>12}  ({st['peak_bytes']} B) at {_ms(st['peak_time'])}{where}")
+    same = "measured = plan" if trace.measured_peak == trace.plan_peak else \
+        f"measured {fb(trace.measured_peak)} differs by {trace.measured_peak - trace.plan_peak:+d} B"
+    lines.append(f"plan peak   {fb(trace.plan_peak):>12}  ({trace.plan_peak} B): {same}")
+    if trace.budget is not None:
+        verdict = "CROSSED" if st["budget_crossed"] else f"{st['peak_bytes'] / trace.budget * 100:.1f}% used"
+        lines.append(f"budget      {fb(trace.budget):>12}  ({trace.budget} B): {verdict}")
+    lines.append(f"live bytes  {fb(st['live_peak_bytes']):>12}  at most, at {_ms(st['live_peak_time'])} "
+                 f"(step {st['live_peak_step']})")
+    lines.append(f"at the peak, by category (live {fb(st['peak_live_bytes'])}, "
+                 f"free gaps below the arena top {fb(st['peak_bytes'] - st['peak_live_bytes'])}):")
+    for c, b in st["peak_by_category"].items():
+        if b:
+            lines.append(f"    {c:<22}{fb(b):>12}")
+    if top and st["peak_tensors"]:
+        lines.append("largest tensors live at the peak:")
+        lines += [f"    {fb(e.nbytes):>12}  {e.category:<20} {e.tensor}" for e in st["peak_tensors"][:top]]
+    lines.append(f"offloaded   {fb(st['offload_bytes']):>12}  in {st['offloads']} copies "
+                 f"({st['offloads_overlapping_forward']} overlapping the forward)")
+    lines.append(f"prefetched  {fb(st['prefetch_bytes']):>12}  in {st['prefetches']} copies "
+                 f"({st['prefetches_in_backward']} in the backward)")
+    lines.append(f"copy stream busy {_ms(st['copy_seconds'])}, overlap with compute {st['overlap'] * 100:.1f}%; "
+                 f"host store held {fb(st['host_peak_bytes'])} of {fb(trace.host_bytes)}")
+    share = st["stall_seconds"] / st["seconds"] * 100 if st["seconds"] else 0.0
+    lines.append(f"stall time  {_ms(st['stall_seconds'])} in {st['stalls']} waits ({share:.1f}% of the iteration); "
+                 f"recompute {_ms(st['recompute_seconds'])} in {st['recomputes']} steps")
+    gaps = st["plan_gaps"]
+    if not trace.planned:
+        lines.append("plan vs measured: no planned curve in this trace")
+    elif not gaps:
+        lines.append(f"plan vs measured: live bytes agree at all {st['plan_steps_compared']} steps")
+    else:
+        s = max(gaps, key=lambda s: abs(gaps[s]))
+        lines.append(f"plan vs measured: live bytes differ at {len(gaps)} of {st['plan_steps_compared']} steps, "
+                     f"most at step {s} ({gaps[s]:+d} B)")
+    return "\n".join(lines)
+
+
+def diff(a, b, names=("A", "B")) -> str:
+    """Two traces side by side: time, peaks, bytes by category at the peak, copies, overlap, stalls."""
+    sa, sb = stats(a), stats(b)
+
+    def row(label, x, y, fmt):
+        d = ""
+        if x is not None and y is not None:
+            d = f"{(y - x) * 100:+.1f} pts" if fmt is _pct else ("+" if y > x else "") + fmt(y - x)
+            d += f" ({(y - x) / x * 100:+.1f}%)" if fmt is not _pct and x else ""
+        show = (lambda v: "-" if v is None else fmt(v))
+        return f"{label:<26}{show(x):>16}{show(y):>16}   {d}"
+
+    fmt_b, fmt_s, fmt_n = fb, _ms, (lambda v: f"{v:g}")
+    lines = [f"{'':<26}{names[0]:>16}{names[1]:>16}   {names[1]} - {names[0]}",
+             row("iteration time", sa["seconds"], sb["seconds"], fmt_s),
+             row("peak (measured)", sa["peak_bytes"], sb["peak_bytes"], fmt_b),
+             row("plan peak", a.plan_peak, b.plan_peak, fmt_b),
+             row("budget", a.budget, b.budget, fmt_b)]
+    for c in dict.fromkeys(list(sa["peak_by_category"]) + list(sb["peak_by_category"])):
+        lines.append(row(f"  at peak: {c}", sa["peak_by_category"].get(c, 0), sb["peak_by_category"].get(c, 0), fmt_b))
+    for key, label, fmt in (("offload_bytes", "offloaded", fmt_b), ("prefetch_bytes", "prefetched", fmt_b),
+                            ("copy_seconds", "copy stream busy", fmt_s), ("overlap", "overlap with compute", _pct),
+                            ("stall_seconds", "stall time", fmt_s), ("stalls", "stalls", fmt_n),
+                            ("recompute_seconds", "recompute time", fmt_s), ("host_peak_bytes", "host store", fmt_b)):
+        lines.append(row(label, sa[key], sb[key], fmt))
+    for k in ("forward", "backward", "update"):
+        lines.append(row(f"{k} time", sa["seconds_by_kind"].get(k, 0.0), sb["seconds_by_kind"].get(k, 0.0), fmt_s))
+    return "\n".join(lines)
+
+
+def plot(trace, path, title=None) -> None:
+    """PNG of the iteration: stacked device memory by category (persistent at the bottom) over time, the
+    budget line, the planned curve and the footprint, and beneath them the compute and copy stream lanes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    cats, rows = memory_curve(trace)
+    high = max([r[3] for r in rows] + [trace.budget or 0])
+    power = max(0, min(3, (high.bit_length() - 1) // 10))        # B, KiB, MiB or GiB on the axis
+    unit, scale = ("B", "KiB", "MiB", "GiB")[power], 1 / 1024**power
+    end = max(trace.duration, rows[-1][0]) * 1e3 or 1.0
+    xs = [r[0] * 1e3 for r in rows] + [end]
+    fig = Figure(figsize=(13, 7), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax, lanes = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [4, 1]})
+    ys = [[r[5][i] * scale for r in rows] + [rows[-1][5][i] * scale] for i in range(len(cats))]
+    if cats:
+        ax.stackplot(xs, *ys, labels=[c.replace("_", " ") for c in cats], step="post",
+                     colors=[COLORS.get(c, "#9d7660") for c in cats], linewidth=0)
+    ax.step(xs, [r[3] * scale for r in rows] + [rows[-1][3] * scale], where="post", color="black", lw=0.7,
+            label="footprint (persistent + arena top)")
+    times = step_times(trace)
+    plan = sorted((times[s][0] * 1e3, n * scale) for s, n in trace.planned if s in times)
+    if plan:
+        ax.step([t for t, _ in plan] + [end], [n for _, n in plan] + [plan[-1][1]], where="post",
+                color="#1f1f7a", ls="--", lw=1.2, label="plan")
+    if trace.budget is not None:
+        ax.axhline(trace.budget * scale, color="red", ls="-.", lw=1.5, label=f"budget {fb(trace.budget)}")
+    ax.set_ylabel(f"device memory ({unit})")
+    ax.set_ylim(0, high * scale * 1.08 or 1)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.set_title(title or f"minidnn trace: {trace.device}, iteration {trace.iteration}, "
+                 f"peak {fb(trace.measured_peak)}")
+    for y, stream in ((1, "compute"), (0, "copy")):
+        spans = [s for s in trace.spans if s.stream == stream]
+        lanes.broken_barh([(s.start * 1e3, (s.end - s.start) * 1e3) for s in spans], (y - 0.4, 0.8),
+                          facecolors=[COLORS.get(s.kind, "grey") for s in spans], linewidth=0)
+    kinds = [k for k in COLORS if k in {s.kind for s in trace.spans}]
+    lanes.legend(handles=[Patch(color=COLORS[k], label=k) for k in kinds], loc="upper left",
+                 bbox_to_anchor=(1.01, 1.25), fontsize=7, ncol=2)
+    lanes.set_yticks([0, 1], ["copy", "compute"])
+    lanes.set_ylim(-0.6, 1.6)
+    lanes.set_xlim(0, end)
+    lanes.set_xlabel("time in the iteration (ms)")
+    fig.savefig(path, dpi=110)
+
+
+def from_plan(plan, device="cpu") -> Trace:
+    """The trace a plan predicts: the two-stream simulator's times and the placement's offsets.
+
+    ``diff(from_plan(plan), run)`` compares a run with its plan. A stall is a
+    gap the simulator left on the compute stream before a step.
+    """
+    prog, sim = plan.program, plan.simulation
+    if sim is None:
+        raise ValueError("the plan has no simulation to predict its times from")
+    tensors = prog.tensors
+    persistent = [(t.name, t.category, aligned(t.nbytes)) for t in plan.schedule.tensors if t.persistent]
+    allocs, frees = defaultdict(list), defaultdict(list)
+    for k, r in enumerate(prog.residencies):
+        allocs[r.start].append(k)
+        frees[r.end].append(k)
+    spans, events, host = [], [], {}
+    clock = last = 0.0                      # where the compute stream is; the last event's time
+
+    def add(t, action, tensor, category, nbytes, offset, step):
+        nonlocal last
+        last = max(last, t)
+        events.append(MemEvent(last, action, tensor.name, category, aligned(nbytes), offset, step))
+
+    for i, s in enumerate(prog.steps):
+        copy = sim.stream[i] == "copy"
+        issue = clock if copy else sim.start[i]
+        if not copy and sim.start[i] > clock:
+            spans.append(Span("compute", f"wait before {s.label}", "stall", i, clock, sim.start[i]))
+        for k in allocs[i]:
+            t = tensors[prog.residencies[k].tensor]
+            add(issue, "alloc", t, t.category, t.nbytes, plan.offsets[k], i)
+        if copy:
+            t = tensors[(s.reads or s.writes)[0]]
+            spans.append(Span("copy", s.label, s.kind, i, sim.start[i], sim.end[i], t.nbytes))
+            if s.kind == "offload" and t.id not in host:
+                host[t.id] = t
+                add(issue, "alloc", t, HOST_COPY, t.nbytes, prog.host_slots[t.id], i)
+        else:
+            spans.append(Span("compute", s.label, s.kind, i, sim.start[i], sim.end[i]))
+            clock = sim.end[i]
+        for k in frees[i]:
+            t = tensors[prog.residencies[k].tensor]
+            add(issue if copy else sim.end[i], "free", t, t.category, t.nbytes, plan.offsets[k], i)
+    for t in host.values():                 # the host store keeps its copies to the end of the iteration
+        add(sim.seconds, "free", t, HOST_COPY, t.nbytes, prog.host_slots[t.id], len(prog.steps) - 1)
+    return Trace(device=device, budget=plan.budget, persistent=persistent, spans=spans, mem_events=events,
+                 planned=[(i, plan.persistent_bytes + c) for i, c in enumerate(plan.live_curve)],
+                 plan_peak=plan.peak_bytes, measured_peak=plan.peak_bytes, host_bytes=plan.host_bytes,
+                 meta={"source": "plan", "policy": plan.policy})

@@ -1,0 +1,100 @@
+"""Training under a memory budget is bitwise identical to training with unlimited memory.
+
+For each network and budget (fractions of the liveness peak, and the smallest
+budget the planner can meet), three SGD steps run with poison mode and the
+overlap check on; losses and parameters must equal the unlimited run's bit for
+bit, the executor's measured peak must equal the plan's, and both must be
+within the budget.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import minidnn as mdn
+from minidnn import models, nn, optim
+from minidnn.autograd import build_schedule
+from minidnn.graph import trace
+from minidnn.memory import MemoryConfig, minimum_bytes, plan_memory
+
+NETS = {
+    # ResNet-18's CIFAR topology at a quarter of the width, so that activations, not the
+    # 11M parameters, dominate memory at a test-sized batch
+    "resnet18_cifar": (lambda: models.get("resnet18_cifar", widths=(16, 32, 64, 128)), (16, 3, 32, 32)),
+    "densenet_small": (lambda: models.get("densenet_small"), (16, 3, 32, 32)),
+}
+
+
+def batches(shape, n=3):
+    rng = np.random.default_rng(1)
+    return [(rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0])) for _ in range(n)]
+
+
+def run(name, budget):
+    build, shape = NETS[name]
+    net = build().init_parameters(0)
+    trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
+                          memory=MemoryConfig(budget=budget, poison=True, check=True))
+    losses = [trainer.step(x, y) for x, y in batches(shape)]
+    return trainer, losses, {k: np.array(v) for k, v in net.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def unlimited():
+    return {name: run(name, None) for name in NETS}
+
+
+def schedule_of(name):
+    build, shape = NETS[name]
+    g = trace(build(), shape, loss=nn.CrossEntropyLoss())
+    return build_schedule(g, optimizer=optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
+
+
+@pytest.mark.parametrize("name", list(NETS))
+@pytest.mark.parametrize("budget", [1.0, 0.6, 0.4, "minimum"])
+def test_budgeted_training_is_bitwise_identical(unlimited, name, budget):
+    if budget == "minimum":
+        budget = minimum_bytes(schedule_of(name))
+    trainer, losses, state = run(name, budget)
+    _, ref_losses, ref_state = unlimited[name]
+    assert losses == ref_losses
+    for k in ref_state:
+        assert np.array_equal(state[k], ref_state[k]), k
+    plan = trainer.plan
+    assert trainer.measured_peak_bytes == plan.peak_bytes <= plan.budget
+    if budget != 1.0:
+        assert plan.evictions, "a tight budget should evict something"
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_below_the_minimum_is_refused_with_the_minimum(name):
+    sched = schedule_of(name)
+    m = minimum_bytes(sched)
+    assert plan_memory(sched, MemoryConfig(budget=m)).peak_bytes <= m
+    with pytest.raises(mdn.MemoryBudgetError) as e:
+        plan_memory(sched, MemoryConfig(budget=m - 1))
+    assert e.value.minimum_bytes == m
+    assert f"({m} B)" in str(e.value)
+
+
+def test_partial_batch_and_predict_get_the_same_bytes_as_a_fractional_budget():
+    build, shape = NETS["densenet_small"]
+    trainer = mdn.compile(build().init_parameters(0), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.05),
+                          memory=MemoryConfig(budget=0.7))
+    budget = trainer.plan.budget
+    x, y = batches((5,) + shape[1:], 1)[0]
+    trainer.step(x, y)
+    trainer.predict(x)
+    for plan in trainer._plans.values():
+        assert plan.budget == budget and plan.peak_bytes <= budget
+
+
+@settings(max_examples=12, deadline=None)
+@given(frac=st.floats(0.0, 1.0))
+def test_any_budget_between_the_minimum_and_the_peak_is_met_exactly(frac):
+    sched = schedule_of("densenet_small")
+    lo = minimum_bytes(sched)
+    hi = plan_memory(sched).peak_bytes
+    budget = int(lo + frac * (hi - lo))
+    plan = plan_memory(sched, MemoryConfig(budget=budget))
+    assert plan.peak_bytes <= budget
+    assert max(plan.simulation.memory) + plan.persistent_bytes <= budget
