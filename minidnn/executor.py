@@ -30,6 +30,7 @@ class Context:
     k: object                 # kernel namespace of the backend
     rng: np.random.Generator  # dropout masks
     recompute: bool = False   # the forward runs again in the backward: do not touch statistics
+    algo: str = None          # the algorithm the plan chose for the current step (None: default)
 
 
 class _Bound:
@@ -192,6 +193,7 @@ class Executor:
                     ev = arriving.pop(tid, None)
                     if ev is not None:
                         self._wait(ev, tr, i, f"wait for prefetch {plan.program.tensors[tid].name}")
+            ctx.algo = step.algo
             t0 = time.perf_counter() if profile or tr else 0.0
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)

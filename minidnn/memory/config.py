@@ -40,13 +40,23 @@ class MemoryConfig:
     ``policy`` chooses how the planner meets the budget (``"auto"``, ``"none"``
     or a policy object); ``profile`` is the device profile the cost model uses
     when no measured times are given (see ``memory.profiles``).
+    ``algorithms``: ``"auto"`` lets the planner pick each convolution's
+    algorithm (fastest first, smaller workspaces under a tight budget);
+    ``"default"`` keeps every op's default algorithm. Offload, prefetch and
+    recomputation never change a result; a different algorithm may change the
+    last bits (see ``plan.algorithm_changes``).
     """
 
     budget: object = None
     policy: object = "auto"
     profile: object = "cpu-2core"
+    algorithms: str = "auto"
     poison: bool = False
     check: bool = False
+
+    def __post_init__(self):
+        if self.algorithms not in ("auto", "default"):
+            raise ValueError(f"algorithms must be 'auto' or 'default', got {self.algorithms!r}")
 
     def policy_object(self):
         """The policy as an object (a name is looked up among the known policies)."""

@@ -20,11 +20,13 @@ class ProfileCost:
     def __init__(self, profile):
         self.profile = get_profile(profile)
 
-    def step_seconds(self, schedule, step) -> float:
+    def step_seconds(self, schedule, step, algo=None) -> float:
+        """Predicted time of ``step``; with ``algo`` (an ops.base.Algo), scaled by its speed hint."""
         if step.kind == "load":
             return self.transfer_seconds(_bytes_touched(schedule, step))
         flops = step.flops if step.kind != "update" else 4.0 * schedule.tensors[step.ins[0]].spec.nbytes / 4
-        return self.profile.compute_seconds(flops, _bytes_touched(schedule, step))
+        t = self.profile.compute_seconds(flops, _bytes_touched(schedule, step))
+        return t * algo.speed if algo is not None else t
 
     def transfer_seconds(self, nbytes) -> float:
         return self.profile.transfer_seconds(nbytes)
@@ -33,11 +35,14 @@ class ProfileCost:
 class MeasuredCost:
     """Times measured on the backend: ``seconds[i]`` for schedule step i, copies at ``bandwidth`` B/s."""
 
-    def __init__(self, seconds, bandwidth, latency=20e-6):
+    def __init__(self, seconds, bandwidth, latency=20e-6, algo_seconds=None):
         self.seconds, self.bandwidth, self.latency = list(seconds), bandwidth, latency
+        self.algo_seconds = algo_seconds or {}     # (step index, algorithm name) -> seconds
 
-    def step_seconds(self, schedule, step) -> float:
-        return self.seconds[step.index]
+    def step_seconds(self, schedule, step, algo=None) -> float:
+        if algo is None:
+            return self.seconds[step.index]
+        return self.algo_seconds.get((step.index, algo.name), self.seconds[step.index] * algo.speed)
 
     def transfer_seconds(self, nbytes) -> float:
         return nbytes / self.bandwidth + self.latency

@@ -44,6 +44,17 @@ class Plan:
     evictions: dict = None          # {(tensor, gap): Evict}
     host_bytes: int = 0
     placement: str = "single pool"
+    algos: dict = None              # schedule step index -> the ops.base.Algo it runs with
+
+    @property
+    def algorithm_changes(self) -> dict:
+        """step label -> (fastest, chosen) for steps not running their fastest algorithm."""
+        if not self.baseline_algos:
+            return {}
+        return {self.schedule.steps[i].label + f" ({self.schedule.steps[i].kind})": (a.name, self.algos[i].name)
+                for i, a in self.baseline_algos.items() if self.algos.get(i) != a}
+
+    baseline_algos = None           # the unlimited plan's algorithms, set by the planner
 
     # -- views used by the executor, tests and traces ---------------------------
     @property
@@ -110,6 +121,9 @@ class Plan:
             lines.append(f"  evicted gaps: {by.get('offload', 0)} offloaded, {by.get('recompute', 0)} recomputed; "
                          f"{kinds.get('offload', 0)} offloads, {kinds.get('prefetch', 0)} prefetches, "
                          f"{kinds.get('recompute', 0)} recompute steps; host store {f(self.host_bytes)}")
+        changes = self.algorithm_changes
+        if changes:
+            lines.append(f"  algorithms: {len(changes)} steps traded speed for a smaller workspace")
         sim = self.simulation
         if sim is not None:
             over = self.predicted_overhead

@@ -43,29 +43,54 @@ def place_program(program):
     return best
 
 
-def lower_bound(schedule) -> int:
-    """Persistent bytes + the largest working set of any single step (what it touches + workspace)."""
+def algorithm_options(schedule, cost) -> dict:
+    """step index -> [(seconds, Algo)] fastest first, for steps whose op offers several algorithms."""
+    out = {}
+    for s in schedule.steps:
+        if s.kind not in ("forward", "backward") or s.node is None:
+            continue
+        n = s.node
+        algos = n.op.algorithms([v.spec for v in n.inputs], [o.spec for o in n.outputs], s.kind)
+        if len(algos) > 1:
+            out[s.index] = sorted(((cost.step_seconds(schedule, s, a), a) for a in algos),
+                                  key=lambda p: (p[0], p[1].workspace))
+    return out
+
+
+def fastest(options) -> dict:
+    return {i: opts[0][1] for i, opts in options.items()}
+
+
+def smallest(options) -> dict:
+    return {i: min(opts, key=lambda p: (p[1].workspace, p[0]))[1] for i, opts in options.items()}
+
+
+def lower_bound(schedule, algos=None) -> int:
+    """Persistent bytes + the largest working set of any single step: what it touches and the
+    workspace of its smallest algorithm (``algos``: step index -> Algo)."""
+    algos = algos or {}
     best = 0
     for s in schedule.steps:
-        ts = {t for t in s.touched if not schedule.tensors[t].persistent}
-        best = max(best, sum(aligned(schedule.tensors[t].nbytes) for t in ts))
+        ts = {t for t in s.touched if not schedule.tensors[t].persistent and t != s.ws}
+        ws = algos[s.index].workspace if s.index in algos else (schedule.tensors[s.ws].nbytes if s.ws is not None else 0)
+        best = max(best, sum(aligned(schedule.tensors[t].nbytes) for t in ts) + aligned(ws))
     return schedule.persistent_bytes + best
 
 
-def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None) -> Plan:
-    """Lower, place and simulate ``evictions``; the Plan (not yet checked against a budget)."""
-    program = lower(schedule, evictions, touch)
+def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None) -> Plan:
+    """Lower, place and simulate ``evictions`` with ``algos``; the Plan (not yet checked against a budget)."""
+    program = lower(schedule, evictions, touch, algos)
     offsets, arena, how = place_program(program)
     for k, r in enumerate(program.residencies):
         r.offset = offsets[k]
     persistent = schedule.persistent_bytes
     sizes = [aligned(t.nbytes) for t in schedule.tensors if not t.persistent]
-    sim = simulate(program, schedule, cost) if cost is not None else None
+    sim = simulate(program, schedule, cost, algos=algos) if cost is not None else None
     return Plan(schedule=schedule, program=program, offsets=offsets, persistent_bytes=persistent,
                 arena_bytes=arena, ideal_bytes=persistent + sum(sizes),
                 liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
                 budget=budget, policy=policy, simulation=sim, baseline=baseline, evictions=dict(evictions),
-                host_bytes=program.host_bytes, placement=how)
+                host_bytes=program.host_bytes, placement=how, algos=dict(algos or {}))
 
 
 class AutoPolicy:
@@ -86,15 +111,22 @@ class AutoPolicy:
         self.recompute, self.offload = recompute, offload
 
     def evictions(self, schedule, limit, cost, touch):
-        c = _Candidates(schedule, cost, touch, self.recompute, self.offload)
-        return c.greedy(limit)
+        return self.choose(schedule, limit, cost, touch, {}, {})[0]
+
+    def choose(self, schedule, limit, cost, touch, options, algos):
+        """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
+        and are traded for smaller workspaces where that costs less than evicting."""
+        c = _Candidates(schedule, cost, touch, self.recompute, self.offload, options, algos)
+        ev = c.greedy(limit)
+        return (None, None) if ev is None else (ev, c.algos)
 
 
 class _Candidates:
     """Every gap of every arena tensor, with what evicting it frees and costs."""
 
-    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload):
+    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None):
         self.schedule, self.touch = schedule, touch
+        self.options, self.algos = options or {}, dict(algos or {})
         steps = schedule.steps
         self.secs = np.array([cost.step_seconds(schedule, s) for s in steps])
         self.cum = np.concatenate([[0.0], np.cumsum(self.secs)])
@@ -107,6 +139,9 @@ class _Candidates:
             diff[ts[0]] += size
             diff[(n - 1 if t in keep else ts[-1]) + 1] -= size
         self.curve = np.cumsum(diff[:-1])
+        for i, a in self.algos.items():           # the chosen algorithms' workspaces, not the defaults'
+            st = steps[i]
+            self.curve[i] += aligned(a.workspace) - (aligned(tensors[st.ws].nbytes) if st.ws is not None else 0)
         producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
         last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
         rows, off_cost, xfer, rc_cost = [], [], [], []
@@ -167,10 +202,20 @@ class _Candidates:
             if curve[s] <= limit:
                 return chosen
             mask = (self.A < s) & (self.B > s) & ~self.taken
+            best = np.inf
+            if mask.any():
+                cost, is_off = self._costs(mask)
+                ratio = (cost + 1e-9) / self.size[mask]
+                j = int(np.argmin(ratio))
+                best = ratio[j]
+            swap = self._cheaper_algorithm(s)
+            if swap is not None and swap[0] <= best:
+                _, freed, algo = swap
+                self.algos[s] = algo
+                curve[s] -= freed
+                continue
             if not mask.any():
                 return None
-            cost, is_off = self._costs(mask)
-            j = int(np.argmin((cost + 1e-9) / self.size[mask]))
             k = int(np.flatnonzero(mask)[j])
             self.taken[k] = True
             t, g, a, b, size = self.rows[k]
@@ -178,6 +223,22 @@ class _Candidates:
                 self.copy_used += self.xfer[k]
             chosen[(t, g)] = Evict("offload" if is_off[j] else "recompute")
             curve[a + 1:b] -= size
+
+    def _cheaper_algorithm(self, s):
+        """(seconds lost per byte freed, bytes freed, Algo) of the best smaller-workspace algorithm at step s."""
+        opts = self.options.get(s)
+        if not opts:
+            return None
+        cur = self.algos.get(s, opts[0][1])
+        t_cur = next(t for t, a in opts if a == cur)
+        best = None
+        for t, a in opts:
+            freed = aligned(cur.workspace) - aligned(a.workspace)
+            if freed > 0:
+                r = (max(t - t_cur, 0.0) + 1e-9) / freed
+                if best is None or r < best[0]:
+                    best = (r, freed, a)
+        return best
 
     def all(self):
         """Every gap evicted, each by its cheaper way (offload where it cannot be recomputed)."""
@@ -214,13 +275,20 @@ def _hide_transfers(plan_fn, schedule, evictions, cost, limit, touch, secs):
 
 
 def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
-    """The plan for ``schedule`` under ``config``: its budget, policy and device profile."""
+    """The plan for ``schedule`` under ``config``: its budget, policy and device profile.
+
+    Every step starts with its fastest algorithm; the unlimited plan keeps them.
+    Under a budget the policy evicts tensors and (the ``auto`` policy) trades
+    algorithms for smaller workspaces; the simulator picks the fastest variant.
+    """
     config = config or MemoryConfig()
     cost = cost or ProfileCost(config.profile)
     touch = touches(schedule)
-    base = make_plan(schedule, {}, cost, "none", touch=touch)
+    options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
+    quick = fastest(options)
+    base = make_plan(schedule, {}, cost, "none", touch=touch, algos=quick)
     base.baseline = base.simulation
-    base.lower_bound_bytes = lower_bound(schedule)
+    base.lower_bound_bytes = lower_bound(schedule, smallest(options))
     budget = config.resolve(base.liveness_peak_bytes)
     base.budget = budget
     if budget is None or base.peak_bytes <= budget or config.policy == "none":
@@ -229,25 +297,27 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
         return base
     policy = config.policy_object()
     limit = budget - schedule.persistent_bytes
-    secs = [cost.step_seconds(schedule, s) for s in schedule.steps]
+    secs = [cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps]
 
-    def build(ev):
-        p = make_plan(schedule, ev, cost, policy.name, budget, base.simulation, touch)
+    def build(ev, algos):
+        p = make_plan(schedule, ev, cost, policy.name, budget, base.simulation, touch, algos)
         p.liveness_peak_bytes, p.lower_bound_bytes = base.liveness_peak_bytes, base.lower_bound_bytes
+        p.baseline_algos = quick
         return p
 
     best = None
     for variant in policy_variants(policy):
-        plan = _fit(variant, schedule, limit, cost, touch, build)
+        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick)
         if plan is None:
             continue
-        better = _hide_transfers(build, schedule, plan.evictions, cost, limit, touch, secs)
+        better = _hide_transfers(lambda ev: build(ev, plan.algos), schedule, plan.evictions, cost, limit, touch,
+                                 secs)
         if better is not None and better.simulation.seconds < plan.simulation.seconds:
             plan = better
         if best is None or plan.simulation.seconds < best.simulation.seconds:
             best = plan
     if best is None:
-        best = minimum_plan(schedule, cost, touch, build)
+        best = minimum_plan(schedule, cost, touch, build, options)
         if best.peak_bytes > budget:
             _infeasible(budget, best.peak_bytes, best)
     return best
@@ -260,17 +330,20 @@ def policy_variants(policy):
     return [policy]
 
 
-def _fit(policy, schedule, limit, cost, touch, build, rounds=8):
+def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8):
     """Evictions whose exact placement fits ``limit``: aim lower by what placement or restores add."""
     target = limit
     for _ in range(rounds):
-        ev = policy.evictions(schedule, target, cost, touch)
+        if hasattr(policy, "choose"):
+            ev, chosen = policy.choose(schedule, target, cost, touch, options, algos)
+        else:
+            ev, chosen = policy.evictions(schedule, target, cost, touch), algos
         if ev is None:
             return None
-        program = lower(schedule, ev, touch)
+        program = lower(schedule, ev, touch, chosen)
         live = int(memory_curve(program).max(initial=0))
         if live <= limit:                          # only a candidate that can fit is worth placing
-            plan = build(ev)
+            plan = build(ev, chosen)
             if plan.arena_bytes <= limit:
                 return plan
             live = plan.arena_bytes
@@ -278,17 +351,20 @@ def _fit(policy, schedule, limit, cost, touch, build, rounds=8):
     return None
 
 
-def minimum_plan(schedule, cost, touch, build):
-    """Everything evictable evicted, just in time: the smallest peak this planner reaches."""
-    return build(_Candidates(schedule, cost, touch, True, True).all())
+def minimum_plan(schedule, cost, touch, build, options):
+    """Everything evictable evicted, just in time, smallest workspaces: the least this planner needs."""
+    return build(_Candidates(schedule, cost, touch, True, True).all(), smallest(options))
 
 
 def minimum_bytes(schedule, config=None, cost=None) -> int:
+    """The smallest budget ``plan_memory`` meets for ``schedule`` (what MemoryBudgetError reports)."""
     config = config or MemoryConfig()
     cost = cost or ProfileCost(config.profile)
     touch = touches(schedule)
+    options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
     return minimum_plan(schedule, cost, touch,
-                        lambda ev: make_plan(schedule, ev, None, "minimum", touch=touch)).peak_bytes
+                        lambda ev, al: make_plan(schedule, ev, None, "minimum", touch=touch, algos=al),
+                        options).peak_bytes
 
 
 def _infeasible(budget, minimum, plan):

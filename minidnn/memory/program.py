@@ -64,14 +64,15 @@ def touches(schedule) -> dict:
     return dict(out)
 
 
-def lower(schedule, evictions: dict, touch=None) -> Program:
-    """Build the Program for ``evictions``: {(tensor id, gap index): Evict}."""
-    return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule)).run()
+def lower(schedule, evictions: dict, touch=None, algos=None) -> Program:
+    """Build the Program for ``evictions``: {(tensor id, gap index): Evict}, running each
+    schedule step i with algorithm ``algos[i]`` (an ops.base.Algo) where given."""
+    return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule), algos or {}).run()
 
 
 class _Lowering:
-    def __init__(self, schedule, evictions, touch):
-        self.sched, self.touch = schedule, touch
+    def __init__(self, schedule, evictions, touch, algos):
+        self.sched, self.touch, self.algos = schedule, touch, algos
         self.tensors = list(schedule.tensors)
         self.steps, self.res, self.origin = [], [], []
         self.cur: dict[int, int] = {}        # tensor id -> index of its open residency
@@ -131,10 +132,13 @@ class _Lowering:
             if not self.tensors[u].persistent and u not in self.cur:
                 self.restore(u, needed, stack + (t,))
                 temps.append(u)
-        ws = self.workspace(f"recompute {src.label}", self.tensors[src.ws].nbytes if src.ws is not None else 0)
+        algo = self.algos.get(src.index)
+        nbytes = algo.workspace if algo is not None else (self.tensors[src.ws].nbytes if src.ws is not None else 0)
+        ws = self.workspace(f"recompute {src.label}", nbytes)
         i = self.emit(Step(0, "recompute", f"recompute {src.label}", node=src.node, reads=list(src.reads),
                            writes=[u for u in src.outs if u not in self.cur], ins=list(src.ins),
-                           outs=list(src.outs), ws=ws, flops=src.flops), src.index)
+                           outs=list(src.outs), ws=ws, flops=src.flops, algo=algo.name if algo else None),
+                      src.index)
         if ws is not None:
             self.res.append(Residency(ws, i, i, "compute"))
         for u in src.ins:
@@ -163,8 +167,15 @@ class _Lowering:
             for t in dict.fromkeys(s.touched):
                 if not tensors[t].persistent and t not in self.cur and t not in fresh:
                     self.restore(t, needed)
+            algo = self.algos.get(s.index)
+            if algo is not None:              # the chosen algorithm brings its own workspace
+                s = replace(s, algo=algo.name, ws=self.workspace(s.label, algo.workspace))
             i = self.emit(s, s.index)
+            if s.ws is not None and algo is not None:
+                self.res.append(Residency(s.ws, i, i, "compute"))
             for t in dict.fromkeys(s.touched):
+                if algo is not None and t == s.ws:
+                    continue
                 if tensors[t].persistent:
                     continue
                 if t in self.cur:

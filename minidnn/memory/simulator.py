@@ -45,17 +45,18 @@ def memory_curve(program) -> np.ndarray:
     return np.cumsum(diff[:-1])
 
 
-def step_costs(program, schedule, cost) -> list:
-    """Compute-stream seconds of each program step (0 for copies)."""
+def step_costs(program, schedule, cost, algos=None) -> list:
+    """Compute-stream seconds of each program step (0 for copies), with the chosen algorithms."""
+    algos = algos or {}
     out = []
     for i, s in enumerate(program.steps):
         o = program.origin[i]
-        out.append(cost.step_seconds(schedule, schedule.steps[o]) if o >= 0 else 0.0)
+        out.append(cost.step_seconds(schedule, schedule.steps[o], algos.get(o)) if o >= 0 else 0.0)
     return out
 
 
-def simulate(program, schedule, cost, costs=None) -> Simulation:
-    costs = costs if costs is not None else step_costs(program, schedule, cost)
+def simulate(program, schedule, cost, costs=None, algos=None) -> Simulation:
+    costs = costs if costs is not None else step_costs(program, schedule, cost, algos)
     waits: dict[int, list] = {}
     for r in program.residencies:
         if r.wait_offload is not None:

@@ -9,6 +9,8 @@ byte buffer ``ws`` of the size the op asked for, cut with :func:`carve`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..graph import Spec, find_graph, as_value
@@ -31,6 +33,16 @@ def carve(ws, shapes_dtypes):
     return out
 
 
+@dataclass(frozen=True)
+class Algo:
+    """One way to compute an op's pass, with the scratch bytes it needs and a speed hint
+    (relative time, for cost models that cannot measure it)."""
+
+    name: str
+    workspace: int
+    speed: float = 1.0
+
+
 class Op:
     """Base class of every op; subclasses set the class attributes they need."""
 
@@ -50,6 +62,11 @@ class Op:
 
     def backward_workspace(self, in_specs, out_specs) -> int:
         return 0
+
+    def algorithms(self, in_specs, out_specs, pass_) -> list:
+        """The ways to run ``pass_`` ("forward" or "backward"); the first is the default (``algo=None``)."""
+        ws = self.workspace(in_specs, out_specs) if pass_ == "forward" else self.backward_workspace(in_specs, out_specs)
+        return [Algo(None, ws)]
 
     def flops(self, in_specs, out_specs) -> float:
         return float(sum(int(np.prod(s.shape)) for s in out_specs)) * self.flops_per_output
