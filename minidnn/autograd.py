@@ -42,9 +42,15 @@ def _requires_grad(graph) -> set:
     return req
 
 
-def build_schedule(graph, training=True, optimizer=None) -> Schedule:
+def build_schedule(graph, training=True, optimizer=None, accumulate=False, updates=True) -> Schedule:
     """The steps of one iteration: load, forward, and with ``training`` the
-    backward from the graph's scalar output and one update step per parameter."""
+    backward from the graph's scalar output and one update step per parameter.
+
+    With ``accumulate`` (a sub-batch of a split mini-batch) parameter gradients
+    are added into the persistent gradients instead of overwriting them; without
+    ``updates`` the optimizer's state is held (it is on the device all the
+    same) but no update step runs.
+    """
     b = _Builder(graph)
     vt = {v.id: b.tensor(v.name, v.spec, _VALUE_CATEGORY[v.kind], v) for v in graph.values}
     inputs = [vt[v.id] for v in graph.inputs]
@@ -65,14 +71,14 @@ def build_schedule(graph, training=True, optimizer=None) -> Schedule:
     if loss.shape != () or loss.producer is None or not loss.producer.op.is_loss:
         raise ValueError("training needs the graph's output to be a scalar loss")
     sched.loss = vt[loss.id]
-    _backward(b, graph, vt, sched)
+    _backward(b, graph, vt, sched, accumulate)
     if optimizer is not None:
-        _updates(b, graph, vt, sched, optimizer)
+        _updates(b, graph, vt, sched, optimizer, steps=updates)
     sched.steps = b.steps
     return sched
 
 
-def _backward(b, graph, vt, sched):
+def _backward(b, graph, vt, sched, accumulate=False):
     req = _requires_grad(graph)
     grad_of: dict[int, int] = {}   # value id -> gradient tensor id
     for n in reversed(graph.nodes):
@@ -83,13 +89,21 @@ def _backward(b, graph, vt, sched):
         wanted = [i for i, v in enumerate(n.inputs) if v.id in req and i not in op.no_grad_inputs]
         if not wanted:
             continue
-        gins, partials = [None] * len(n.inputs), []
+        gins, partials, adds = [None] * len(n.inputs), [], []
         for i in wanted:
             v = n.inputs[i]
             if v.id in grad_of:            # a later consumer already made it: write a partial
                 p = b.tensor(f"{v.name}:grad.partial", v.spec, ACT_GRAD, v)
                 gins[i] = p
                 partials.append((grad_of[v.id], p))
+            elif accumulate and v.kind == "param":  # add into the gradient of earlier sub-batches
+                grad_of[v.id] = b.tensor(f"{v.name}:grad", v.spec, PARAM_GRAD, v)
+                if i in op.accumulating_inputs:     # the op adds in place: no partial buffer
+                    gins[i] = grad_of[v.id]
+                    adds.append(i)
+                else:
+                    gins[i] = b.tensor(f"{v.name}:grad.partial", v.spec, ACT_GRAD, v)
+                    partials.append((grad_of[v.id], gins[i]))
             else:
                 cat = PARAM_GRAD if v.kind == "param" else ACT_GRAD
                 grad_of[v.id] = gins[i] = b.tensor(f"{v.name}:grad", v.spec, cat, v)
@@ -100,7 +114,7 @@ def _backward(b, graph, vt, sched):
         reads = {t for t in ins + outs + gouts if t is not None}
         s = b.step("backward", n.label, n, op.backward_workspace(specs_in, specs_out),
                    reads=sorted(reads), writes=sorted({g for g in gins if g is not None}),
-                   ins=ins, outs=outs, gouts=gouts, gins=gins)
+                   ins=ins, outs=outs, gouts=gouts, gins=gins, accumulate=tuple(adds))
         s.flops = 2 * op.flops(specs_in, specs_out)
         for target, p in partials:
             b.step("accumulate", f"{n.label}:accumulate", reads=[p], updates=[target])
@@ -109,11 +123,29 @@ def _backward(b, graph, vt, sched):
             sched.param_grads[vt[v.id]] = grad_of[v.id]
 
 
-def _updates(b, graph, vt, sched, optimizer):
+def build_update_schedule(graph, optimizer) -> Schedule:
+    """Only the optimizer's update steps, for the parameters the loss of ``graph`` reaches
+    (the end of a mini-batch split into sub-batches)."""
+    b = _Builder(graph)
+    req = _requires_grad(graph)
+    reached = {v.id for n in graph.nodes for i, v in enumerate(n.inputs)
+               if v.kind == "param" and v.id in req and i not in n.op.no_grad_inputs}
+    vt = {v.id: b.tensor(v.name, v.spec, PARAM, v) for v in graph.params if v.id in reached}
+    sched = Schedule(b.tensors, b.steps, graph)
+    sched.param_grads = {vt[v.id]: b.tensor(f"{v.name}:grad", v.spec, PARAM_GRAD, v)
+                         for v in graph.params if v.id in reached}
+    _updates(b, graph, vt, sched, optimizer)
+    sched.steps = b.steps
+    return sched
+
+
+def _updates(b, graph, vt, sched, optimizer, steps=True):
     for v in graph.params:
-        if vt[v.id] not in sched.param_grads:
+        if v.id not in vt or vt[v.id] not in sched.param_grads:
             continue                       # unused by the loss: no gradient, no update
         states = [b.tensor(f"{v.name}:{name}", v.spec, OPT_STATE, v, name) for name in optimizer.state_names]
+        if not steps:
+            continue
         pid = vt[v.id]
         b.step("update", f"{v.name}:update", workspace=optimizer.workspace(v.spec),
                reads=[sched.param_grads[pid]], updates=[pid] + states, ins=[pid, sched.param_grads[pid]],

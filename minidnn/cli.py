@@ -1,7 +1,14 @@
-"""The ``minidnn`` command: train, eval, models, info."""
+"""The ``minidnn`` command: train, eval, models, plan, info.
+
+Every failure a user can cause (a missing data file, a checkpoint of another
+model, a budget below the minimum, ...) ends as one line
+``minidnn: error: ...`` on stderr and exit status 2; Ctrl-C during training
+saves a checkpoint and exits with 130.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -9,7 +16,25 @@ import sys
 
 import numpy as np
 
-from .errors import MinidnnError
+from .errors import MemoryBudgetError, MinidnnError
+
+STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
+              "per step: epoch, batch, step, loss, lr) and metrics.jsonl (one line per epoch: loss, test "
+              "accuracy, seconds, lr, peak bytes). Ctrl-C finishes the running step, saves the checkpoint and exits "
+              "with status 130 (a second Ctrl-C stops at once, keeping the previous checkpoint). --resume "
+              "continues exactly: the resumed run rewrites the log lines after its checkpoint and repeats the "
+              "losses, accuracies and final weights of an uninterrupted run.")
+
+
+def _budget(text):
+    """``--budget`` as MemoryConfig takes it: bytes (``1000000``), a fraction (``0.6``) or a string (``12GiB``)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return text                     # a size with a unit or a percentage: MemoryConfig reads those
+    return int(value) if value.is_integer() and "." not in text else value
 
 
 def _optimizer(args):
@@ -22,7 +47,7 @@ def _optimizer(args):
     return optim.AdamW(lr=args.lr, weight_decay=args.weight_decay)
 
 
-def _schedule(args, opt):
+def _lr_schedule(args, opt):
     from . import optim
     if args.schedule == "cosine":
         return optim.CosineAnnealingLR(opt, T_max=args.epochs)
@@ -31,139 +56,200 @@ def _schedule(args, opt):
     return None
 
 
-def _build(args, dataset):
-    from . import models
-    c, h, w = dataset.shape
-    if args.image_size and args.image_size != h:
-        raise MinidnnError(f"data set images are {h}x{w}, not {args.image_size}")
-    return models.get(args.model, num_classes=dataset.num_classes, in_channels=c, image_size=h)
+def _normalization(train_set):
+    """Per-channel mean and std of the training images (stored in checkpoints, so eval needs no training set)."""
+    mean = train_set.images.mean(axis=(0, 2, 3)).tolist()
+    std = (train_set.images.std(axis=(0, 2, 3)) + 1e-6).tolist()
+    return mean, std
+
+
+def _build(model, dataset):
+    """The network for ``dataset``'s images and classes, its weights not yet drawn.
+
+    Weights come later (``init_parameters`` or a checkpoint), after ``compile``
+    has traced the network: a size it cannot take fails at once, and large
+    networks do not draw their weights twice.
+    """
+    from .report import shapes_only
+    from .training import build_model
+    c, h, _ = dataset.shape
+    with shapes_only():
+        return build_model(model, num_classes=dataset.num_classes, in_channels=c, image_size=h)
 
 
 def cmd_train(args):
-    from . import MemoryConfig, compile, nn
+    """``minidnn train``: train, log, checkpoint every epoch and on Ctrl-C, resume exactly."""
+    from . import MemoryConfig, compile, models, nn
     from .data import DataLoader, load
-    from .training import fit
+    from .training import fit, read_checkpoint
+    models.info(args.model)                          # an unknown name fails before any data is read
+    resume = read_checkpoint(args.resume, args.model) if args.resume else None
     train_set = load(args.data, "train", size=args.image_size)
     test_set = load(args.data, "test", size=args.image_size)
-    net = _build(args, train_set)
-    net.init_parameters(args.seed)
+    net = _build(args.model, train_set)
     opt = _optimizer(args)
-    sched = _schedule(args, opt)
-    mean = train_set.images.mean(axis=(0, 2, 3)).tolist()
-    std = (train_set.images.std(axis=(0, 2, 3)) + 1e-6).tolist()
+    sched = _lr_schedule(args, opt)
+    mean, std = _normalization(train_set)
     train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=False, seed=args.seed,
                               mean=mean, std=std, augment=False if args.augment == "none" else args.augment,
                               pad=args.pad)
     test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
-    memory = MemoryConfig(budget=args.budget)
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
-                      device=args.device, memory=memory, seed=args.seed)
+                      device=args.device, memory=MemoryConfig(budget=_budget(args.budget)), seed=args.seed)
+    net.init_parameters(args.seed)        # in place, into the trainer's persistent region
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
-    print(trainer.plan.summary(top=0).split("\n  largest")[0])
+    print(trainer.plan.summary(top=0))
+    config = {"data": args.data, "image_size": train_set.shape[1], "batch_size": args.batch_size,
+              "seed": args.seed, "epochs": args.epochs, "optimizer": args.optimizer, "lr": args.lr,
+              "schedule": args.schedule, "augment": args.augment}
+    if resume is not None:
+        old = resume.meta.get("config", {})
+        changed = [k for k in ("data", "image_size", "batch_size", "seed", "augment") if k in old
+                   and old[k] != config[k]]
+        if changed:
+            print(f"warning: {', '.join(f'{k} {old[k]!r} -> {config[k]!r}' for k in changed)} since the "
+                  "checkpoint; the resumed run will not repeat the original", file=sys.stderr)
+    run_info = {"config": config, "normalization": {"mean": mean, "std": std}}
     try:
         hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=args.out,
-                   model_name=args.model, resume=args.resume, progress=not args.no_progress)
+                   model_name=args.model, resume=resume, progress=not args.no_progress,
+                   metrics_path=args.metrics, run_info=run_info)
     except KeyboardInterrupt:
+        ckpt = os.path.join(args.out, "checkpoint.safetensors")
+        hint = f"; continue with --resume {ckpt}" if os.path.isfile(ckpt) else ""
+        print(f"minidnn: interrupted{hint}", file=sys.stderr)
         return 130
     if hist and hist[-1]["test_accuracy"] is not None:
         print(f"final test accuracy {hist[-1]['test_accuracy'] * 100:.2f}%")
+    elif not hist and resume is not None:
+        print(f"nothing to do: the checkpoint has finished epoch {resume.meta['epoch']} of --epochs {args.epochs}")
     return 0
 
 
 def cmd_eval(args):
-    from . import compile, nn, optim
+    """``minidnn eval``: test accuracy of a checkpoint (model, data and normalisation from the checkpoint)."""
+    from . import compile, models, nn, optim
     from .data import DataLoader, load
-    from .training import evaluate, restore
-    test_set = load(args.data, "test", size=args.image_size)
-    net = _build(args, test_set)
+    from .training import evaluate, load_weights, read_checkpoint
+    if args.model:
+        models.info(args.model)
+    _, tensors, meta = read_checkpoint(args.checkpoint, args.model)
+    model, config = meta["model"], meta.get("config", {})
+    data = args.data or config.get("data", "digits")
+    size = args.image_size or config.get("image_size")
+    test_set = load(data, "test", size=size)
+    norm = meta.get("normalization") or dict(zip(("mean", "std"), _normalization(load(data, "train", size=size))))
+    net = _build(model, test_set)
     trainer = compile(net, (args.batch_size, *test_set.shape), nn.CrossEntropyLoss(), optim.SGD(lr=0.0),
                       device=args.device)
-    restore(args.checkpoint, trainer, None, args.model)
-    train_set = load(args.data, "train", size=args.image_size)
-    mean = train_set.images.mean(axis=(0, 2, 3)).tolist()
-    std = (train_set.images.std(axis=(0, 2, 3)) + 1e-6).tolist()
-    acc = evaluate(trainer, DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std))
-    print(f"test accuracy {acc * 100:.2f}% on {len(test_set)} images")
+    load_weights(tensors, net, args.checkpoint)
+    loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=norm["mean"], std=norm["std"])
+    acc = evaluate(trainer, loader)
+    print(f"{model}: test accuracy {acc * 100:.2f}% on {len(test_set)} images of {test_set.name}")
     return 0
 
 
 def cmd_models(args):
+    """``minidnn models``: parameters, FLOPs and memory of every reference model; no kernels run."""
     from . import models
-    from .autograd import build_schedule
-    from .graph import trace
-    from .memory import format_bytes, plan_memory
-    from .nn import CrossEntropyLoss
-    from .optim import SGD
-    rows = []
-    for name in models.names():
-        c, _, _ = models.default_input(name)
-        size = args.image_size or models.default_input(name)[1]
-        try:
-            net = models.get(name, image_size=size)
-            g = trace(net, (args.batch_size, c, size, size), loss=CrossEntropyLoss())
-        except MinidnnError as e:
-            rows.append((name, "-", "-", "-", "-", f"({str(e).splitlines()[0][:60]})"))
-            continue
-        plan = plan_memory(build_schedule(g, optimizer=SGD(lr=0.1, momentum=0.9)))
-        flops = sum(n.op.flops([v.spec for v in n.inputs], [o.spec for o in n.outputs]) for n in g.nodes)
-        rows.append((name, f"{net.num_parameters() / 1e6:.2f}M", f"{flops / args.batch_size / 1e9:.2f}",
-                     format_bytes(plan.ideal_bytes), format_bytes(plan.liveness_peak_bytes), ""))
-    print(f"batch {args.batch_size}, image size {args.image_size or 'default'}; GFLOPs are forward, per image")
-    print(f"{'model':<16}{'params':>10}{'GFLOPs':>10}{'ideal':>14}{'liveness peak':>16}")
-    for r in rows:
-        print(f"{r[0]:<16}{r[1]:>10}{r[2]:>10}{r[3]:>14}{r[4]:>16}  {r[5]}".rstrip())
+    from .report import model_row, models_table
+    names = [n for n in models.names() if args.all or n != "resnet_deep"]
+    rows = [model_row(n, args.batch_size, args.image_size) for n in names]
+    print(json.dumps(rows, indent=1) if args.json else models_table(rows, args.batch_size, args.image_size))
+    return 0
+
+
+def cmd_plan(args):
+    """``minidnn plan``: the memory plan of one training step under a budget; no kernels run."""
+    from . import models
+    from .report import make_plan, plan_dict, plan_text
+    models.info(args.model)
+    try:
+        plan, shape = make_plan(args.model, args.batch_size, args.image_size, _budget(args.budget), args.policy,
+                                args.profile)
+    except MemoryBudgetError as e:
+        if args.json:   # machines get the minimum too; the one-line error still goes to stderr
+            print(json.dumps({"model": args.model, "error": str(e), "minimum_bytes": e.minimum_bytes}))
+        raise
+    if args.json:
+        print(json.dumps(plan_dict(plan, args.model, shape, args.profile, args.policy), indent=1))
+    else:
+        print(plan_text(plan, args.model, shape, args.profile, args.policy))
     return 0
 
 
 def cmd_info(args):
-    from . import __version__
-    print(f"minidnn {__version__}  python {platform.python_version()}  numpy {np.__version__}")
+    """``minidnn info``: versions, the CPU extension, CUDA and cuDNN availability."""
+    from . import __file__ as package_file, __version__
+    print(f"minidnn {__version__} ({os.path.dirname(package_file)})")
+    print(f"python {platform.python_version()} ({platform.platform()}); numpy {np.__version__}")
     try:
         from . import _C
-        print(f"cpu backend: available (extension {_C.__file__})")
+        threads = _C.get_num_threads() if hasattr(_C, "get_num_threads") else "?"
+        openmp = getattr(_C, "has_openmp", False)
+        openmp = "OpenMP" if (openmp() if callable(openmp) else openmp) else "no OpenMP"
+        print(f"cpu backend: available; extension {_C.__file__} ({openmp}, {threads} threads)")
     except ImportError as e:
         print(f"cpu backend: extension missing ({e})")
     try:
         from .backend import get_backend
-        get_backend("cuda")
+        cuda = get_backend("cuda")
         print("cuda backend: available")
-    except MinidnnError as e:
-        print(f"cuda backend: unavailable ({e})")
+        version = getattr(cuda, "cudnn_version", None)
+        print(f"cuDNN: {version}" if version else "cuDNN: not available (the cuda backend reports no cuDNN)")
+    except (MinidnnError, ImportError, RuntimeError) as e:
+        print(f"cuda backend: not available ({' '.join(str(e).split())})")
+        print("cuDNN: not available (needs the cuda backend)")
+    try:
+        import cupy
+        print(f"cupy {cupy.__version__}")
+    except Exception as e:   # a broken CUDA install raises more than ImportError
+        print(f"cupy: not available ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
+    try:   # the installed version, without the seconds importing torch takes
+        print(f"torch {importlib.metadata.version('torch')} (optional: tests compare against it)")
+    except importlib.metadata.PackageNotFoundError:
+        print("torch: not installed (optional: tests compare against it)")
     return 0
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="minidnn", description="Train CNNs within a memory budget.")
+    """The argument parser of the ``minidnn`` command."""
+    from .memory import PROFILES
+    p = argparse.ArgumentParser(prog="minidnn", description="Train CNNs within a memory budget.",
+                                epilog="Errors are one line on stderr (exit status 2); set MINIDNN_DEBUG=1 "
+                                       "for the traceback.")
     sub = p.add_subparsers(dest="command")
-    t = sub.add_parser("train", help="train a model (default: LeNet-5 on the bundled digits)")
-    t.add_argument("--model", default="lenet5")
+    t = sub.add_parser("train", help="train a model (default: LeNet-5 on the bundled digits)", epilog=STEPS_HELP)
+    t.add_argument("--model", default="lenet5", help="a name from `minidnn models`")
     t.add_argument("--data", default="digits", help="digits | mnist:DIR | fashion-mnist:DIR | cifar10:DIR | "
-                   "cifar100:DIR | imagefolder:DIR | synthetic:3x32x32")
+                   "cifar100:DIR | imagefolder:DIR | synthetic:CxHxW[:classes=K][:n=N]")
     t.add_argument("--epochs", type=int, default=30)
     t.add_argument("--batch-size", type=int, default=32)
-    t.add_argument("--image-size", type=int, default=None)
+    t.add_argument("--image-size", type=int, default=None, help="resize images to this size (bilinear)")
     t.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     t.add_argument("--lr", type=float, default=0.05)
     t.add_argument("--momentum", type=float, default=0.9)
     t.add_argument("--nesterov", action="store_true")
     t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--schedule", choices=["none", "step", "cosine"], default="cosine")
+    t.add_argument("--schedule", choices=["none", "step", "cosine"], default="cosine", help="learning-rate schedule")
     t.add_argument("--augment", choices=["none", "crop", "crop+flip"], default="crop",
                    help="random crop after zero padding (and horizontal flip: the CIFAR recipe)")
     t.add_argument("--pad", type=int, default=2, help="zero padding before the random crop")
     t.add_argument("--budget", default=None, help="memory budget: bytes, '512MiB', or a fraction like 0.6")
-    t.add_argument("--device", default="cpu")
-    t.add_argument("--out", default="runs/latest", help="checkpoint and metrics directory")
-    t.add_argument("--resume", default=None, help="checkpoint to resume from")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--device", default="cpu", help="cpu | cuda")
+    t.add_argument("--out", default="runs/latest", help="folder for the checkpoint and logs (see below)")
+    t.add_argument("--metrics", default=None, help="per-epoch metrics JSONL file (default OUT/metrics.jsonl)")
+    t.add_argument("--resume", default=None, metavar="CHECKPOINT",
+                   help="continue exactly where this checkpoint stopped (same data, batch size and seed)")
+    t.add_argument("--seed", type=int, default=0, help="seeds initialisation, shuffling, augmentation, dropout")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="test accuracy of a checkpoint")
     e.add_argument("checkpoint")
-    e.add_argument("--model", default="lenet5")
-    e.add_argument("--data", default="digits")
+    e.add_argument("--model", default=None, help="check the checkpoint is for this model (default: its own)")
+    e.add_argument("--data", default=None, help="data set spec (default: the one it was trained on)")
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--image-size", type=int, default=None)
     e.add_argument("--device", default="cpu")
@@ -171,8 +257,21 @@ def parser():
 
     m = sub.add_parser("models", help="parameters, FLOPs and memory of every reference model (no kernels run)")
     m.add_argument("--batch-size", type=int, default=1)
-    m.add_argument("--image-size", type=int, default=None)
+    m.add_argument("--image-size", type=int, default=None, help="default: each model's own input size")
+    m.add_argument("--all", action="store_true", help="include resnet_deep (1001 layers)")
+    m.add_argument("--json", action="store_true", help="machine-readable output")
     m.set_defaults(fn=cmd_models)
+
+    pl = sub.add_parser("plan", help="the memory plan of a training step under a budget (no kernels run)")
+    pl.add_argument("--model", required=True)
+    pl.add_argument("--batch-size", type=int, default=32)
+    pl.add_argument("--image-size", type=int, default=None, help="default: the model's own input size")
+    pl.add_argument("--budget", default=None, help="bytes, '12GiB', '60%%' or a fraction of the liveness peak")
+    pl.add_argument("--profile", choices=sorted(PROFILES), default="titanx-12gb",
+                    help="device profile for the cost model")
+    pl.add_argument("--policy", choices=["auto", "swap", "recompute", "none"], default="auto")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.set_defaults(fn=cmd_plan)
 
     i = sub.add_parser("info", help="backends, extension and versions")
     i.set_defaults(fn=cmd_info)
@@ -180,18 +279,25 @@ def parser():
 
 
 def main(argv=None):
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     p = parser()
     args = p.parse_args(argv)
     if args.command is None:
         p.print_help()
         return 2
+    for name in ("batch_size", "epochs"):
+        if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
     try:
         return args.fn(args)
-    except (MinidnnError, FileNotFoundError) as e:
-        print(f"minidnn: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"minidnn: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:            # outside training (which saves first): nothing to save
+        print("minidnn: interrupted", file=sys.stderr)
+        return 130
+    except (MinidnnError, ValueError, OSError) as e:
+        if os.environ.get("MINIDNN_DEBUG"):
+            raise
+        # One line, whatever the cause: its message may span lines (a shape error listing inputs).
+        print(f"minidnn: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

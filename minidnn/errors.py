@@ -15,9 +15,10 @@ class MemoryBudgetError(MinidnnError, ValueError):
     ``minimum_bytes`` is the smallest budget that would be feasible.
     """
 
-    def __init__(self, message, minimum_bytes):
+    def __init__(self, message, minimum_bytes, budget_bytes=None):
         super().__init__(message)
         self.minimum_bytes = int(minimum_bytes)
+        self.budget_bytes = budget_bytes
 
 
 class BackendUnavailable(MinidnnError, RuntimeError):

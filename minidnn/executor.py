@@ -31,6 +31,8 @@ class Context:
     rng: np.random.Generator  # dropout masks
     recompute: bool = False   # the forward runs again in the backward: do not touch statistics
     algo: str = None          # the algorithm the plan chose for the current step (None: default)
+    loss_scale: float = 1.0   # d(objective)/d(loss): 1/k for each of k sub-batches
+    accumulate: tuple = ()    # the current backward adds into these inputs' gradients
 
 
 class _Bound:
@@ -193,7 +195,7 @@ class Executor:
                     ev = arriving.pop(tid, None)
                     if ev is not None:
                         self._wait(ev, tr, i, f"wait for prefetch {plan.program.tensors[tid].name}")
-            ctx.algo = step.algo
+            ctx.algo, ctx.accumulate = step.algo, step.accumulate
             t0 = time.perf_counter() if profile or tr else 0.0
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)

@@ -54,6 +54,7 @@ class Step:
     updates: list = field(default_factory=list)
     ws: int = None                # tensor id of the step's scratch buffer, if any
     algo: str = None              # the op's algorithm for this step (None: its default)
+    accumulate: tuple = ()        # backward: inputs whose gradient buffer is added into, not overwritten
     # how the executor hands buffers to the op (tensor ids or None), set by autograd
     ins: list = field(default_factory=list)
     outs: list = field(default_factory=list)

@@ -5,12 +5,13 @@ import dataclasses
 
 import numpy as np
 
-from .autograd import build_schedule
+from .autograd import build_schedule, build_update_schedule
 from .backend import get_backend
-from .errors import ShapeError
+from .errors import MemoryBudgetError, ShapeError
 from .executor import Context, Executor
 from .graph import trace
 from .memory import MemoryConfig, plan_memory
+from .memory.subbatch import SubBatchPlan, plan_sub_batches
 from .persistent import PersistentStore
 from .trace import Recorder
 
@@ -47,10 +48,17 @@ class Trainer:
         self.store = PersistentStore(self.backend, first, optimizer)
         self.executor = Executor(self.backend, self.store, poison=self.memory.poison, check=self.memory.check)
         self.recorder = Recorder(every=trace_every, clock=self.backend.clock) if trace_every else None
-        plan = self._plans[("train", self.input_shape)] = plan_memory(first, self.memory)
+        try:
+            plan = plan_memory(first, self.memory)
+            budget = plan.budget
+        except MemoryBudgetError as e:
+            if not self.memory.sub_batching or self.input_shape[0] < 2:
+                raise
+            plan, budget = None, e.budget_bytes
         # a fractional budget is a fraction of the compiled training step's liveness peak;
         # every other shape (the last partial batch, predict) gets the same bytes
-        self.memory = dataclasses.replace(self.memory, budget=plan.budget)
+        self.memory = dataclasses.replace(self.memory, budget=budget)
+        self._plans[("train", self.input_shape)] = plan or self._split(self.input_shape)
 
     # -- planning -----------------------------------------------------------
     def _schedule(self, shape, training):
@@ -69,11 +77,25 @@ class Trainer:
         return build_schedule(graph, training=training, optimizer=self.optimizer if training else None)
 
     def plan_for(self, shape, training=True):
+        """The plan for a step on ``shape``: a Plan, or a SubBatchPlan when only a split fits."""
         key = ("train" if training else "eval", tuple(shape))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = plan_memory(self._schedule(tuple(shape), training), self.memory)
+            try:
+                plan = plan_memory(self._schedule(tuple(shape), training), self.memory)
+            except MemoryBudgetError:
+                if not (training and self.memory.sub_batching and shape[0] > 1):
+                    raise
+                plan = self._split(tuple(shape))
+            self._plans[key] = plan
         return plan
+
+    def _split(self, shape):
+        def schedules_for(b):
+            graph = trace(self.net, (b,) + shape[1:], self.dtype, loss=self.loss)
+            return (build_schedule(graph, optimizer=self.optimizer, accumulate=True, updates=False),
+                    build_update_schedule(graph, self.optimizer))
+        return plan_sub_batches(shape[0], schedules_for, self.memory)
 
     @property
     def plan(self):
@@ -93,6 +115,8 @@ class Trainer:
     def _check_labels(self, plan, y):
         y = np.asarray(y)
         spec = plan.schedule.tensor(plan.schedule.inputs[1]).spec
+        if isinstance(plan, SubBatchPlan):
+            spec = type(spec)((spec.shape[0] * plan.k,) + spec.shape[1:], spec.dtype)
         if y.shape != spec.shape:
             raise ShapeError(f"step: expected labels of shape {spec.shape}, got {y.shape}")
         if np.dtype(spec.dtype).kind in "iu":
@@ -114,13 +138,35 @@ class Trainer:
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context(self.backend.k, self.rng)
-        out = self.executor.run(plan, ctx, [x, y], self.optimizer, self.steps_done + 1, recorder=self.recorder)
+        t = self.steps_done + 1
+        if isinstance(plan, SubBatchPlan):
+            loss = self._step_split(plan, ctx, x, y, t)
+        else:
+            out = self.executor.run(plan, ctx, [x, y], self.optimizer, t, recorder=self.recorder)
+            loss = float(out[plan.schedule.loss])
         self.steps_done += 1
         for m in self.net.modules():
             nbt = getattr(m, "num_batches_tracked", None)
             if nbt is not None and m.training:
-                nbt.data += 1
-        return float(out[plan.schedule.loss])
+                nbt.data += plan.k if isinstance(plan, SubBatchPlan) else 1
+        return loss
+
+    def _step_split(self, plan, ctx, x, y, t):
+        """k sub-batches adding their gradients, then one update; the loss is their mean."""
+        for p in self.net.parameters():
+            if p.grad is not None:
+                p.grad[...] = 0
+        ctx.loss_scale = 1.0 / plan.k
+        losses, high = [], 0
+        b = plan.sub_batch
+        for j in range(plan.k):
+            out = self.executor.run(plan.sub, ctx, [x[j * b:(j + 1) * b], y[j * b:(j + 1) * b]], t=t,
+                                    recorder=self.recorder if j == 0 else None)
+            losses.append(float(out[plan.sub.schedule.loss]))
+            high = max(high, self.executor.high_water_bytes)
+        self.executor.run(plan.update, ctx, [], self.optimizer, t)
+        self.executor.high_water_bytes = max(high, self.executor.high_water_bytes)
+        return float(np.mean(losses))
 
     def predict(self, x) -> np.ndarray:
         """The network's output for ``x`` in eval mode (a new array)."""

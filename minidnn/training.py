@@ -1,14 +1,23 @@
-"""The training loop behind ``minidnn train``: epochs, evaluation, metrics, checkpoints, resume.
+"""The training loop behind ``minidnn train``: epochs, evaluation, logs, checkpoints, resume.
 
 A checkpoint holds everything a run depends on - weights and BN statistics,
-optimizer state, the trainer's random stream, the epoch and the batch within
-it - so a resumed run repeats the uninterrupted one's losses exactly.
+optimizer state, the trainer's random stream, the epoch, the batch within it
+and the losses of that epoch so far - so a resumed run repeats the
+uninterrupted one's losses and final parameters exactly.
+
+Ctrl-C is deferred to the end of the running step (a checkpoint never holds a
+half-applied update); a second Ctrl-C stops at once and keeps the previous
+checkpoint.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import signal
+import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -17,8 +26,21 @@ from .checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from .errors import CheckpointError
 
 
+def build_model(name, **kwargs):
+    """Build registered model ``name``, passing only the keyword arguments its factory names.
+
+    Not every factory takes ``in_channels`` or ``image_size`` (a ResNet adapts
+    to any size; AlexNet is made for 224); those it lacks are dropped, and a
+    size or channel count the network cannot take fails when it is traced.
+    """
+    from . import models
+    info = models.info(name)
+    accepted = inspect.signature(info.factory).parameters
+    return info.build(**{k: v for k, v in kwargs.items() if k in accepted and v is not None})
+
+
 def evaluate(trainer, loader):
-    """(mean loss is not computed in eval mode) -> accuracy over ``loader``."""
+    """Top-1 accuracy of ``trainer``'s network (eval mode) over ``loader``."""
     correct = total = 0
     for x, y in loader:
         logits = trainer.predict(x)
@@ -27,34 +49,76 @@ def evaluate(trainer, loader):
     return correct / max(total, 1)
 
 
+def _host(a):
+    # CuPy arrays copy to the host with .get(); NumPy arrays are already there.
+    return np.require(a.get() if hasattr(a, "get") else a, requirements="C")
+
+
 def checkpoint_tensors(trainer):
-    tensors = {f"model.{k}": np.require(v, requirements="C") for k, v in trainer.net.state_dict().items()}
-    names = trainer.optimizer.state_names
+    """Model state (``model.*``) and optimizer state (``optim.<param>.<state>``) as host arrays."""
+    tensors = {f"model.{k}": _host(v) for k, v in trainer.net.state_dict().items()}
     for pname, p in trainer.net.named_parameters():
         if p.grad is None:
             continue
-        for n in names:
-            tensors[f"optim.{pname}.{n}"] = np.require(trainer.store.optimizer_state(p, n), requirements="C")
+        for n in trainer.optimizer.state_names:
+            tensors[f"optim.{pname}.{n}"] = _host(trainer.store.optimizer_state(p, n))
     return tensors
 
 
 def save(path, trainer, schedule, model_name, epoch, batch, extra=None):
+    """Write a checkpoint at (``epoch``, ``batch``): the next step to run is that batch of that epoch."""
     meta = {"format": 1, "model": model_name, "epoch": epoch, "batch": batch, "steps_done": trainer.steps_done,
-            "rng": rng_state(trainer.rng), "optimizer": trainer.optimizer.state_dict(),
+            "rng": rng_state(trainer.rng), "optimizer_type": type(trainer.optimizer).__name__,
+            "optimizer": trainer.optimizer.state_dict(),
             "schedule": schedule.state_dict() if schedule is not None else None, **(extra or {})}
     save_checkpoint(path, checkpoint_tensors(trainer), meta)
 
 
-def restore(path, trainer, schedule, model_name):
-    """Load a checkpoint into ``trainer``; returns its metadata (epoch, batch, ...)."""
+class Checkpoint(NamedTuple):
+    """A training checkpoint read from ``path``: its tensors and metadata."""
+
+    path: str
+    tensors: dict
+    meta: dict
+
+
+def read_checkpoint(path, model_name=None) -> Checkpoint:
+    """Read a training checkpoint; CheckpointError if it is not one, or is for another model than ``model_name``.
+
+    The CLI reads it before loading data or building anything, so a wrong file fails at once.
+    """
+    path = os.fspath(path)
     tensors, meta = load_checkpoint(path)
-    if meta.get("model") != model_name:
-        raise CheckpointError(f"{path}: checkpoint is for model {meta.get('model')!r}, not {model_name!r}")
+    for key in ("model", "epoch", "batch", "steps_done", "rng", "optimizer"):
+        if key not in meta:
+            raise CheckpointError(f"{path}: not a minidnn training checkpoint (no {key!r} in its metadata)")
+    if model_name is not None and meta["model"] != model_name:
+        raise CheckpointError(f"{path}: checkpoint is for model {meta['model']!r}, not {model_name!r}")
+    return Checkpoint(path, tensors, meta)
+
+
+def load_weights(tensors, net, path="checkpoint"):
+    """Copy a checkpoint's model state (its ``model.*`` tensors) into ``net``; CheckpointError if it does not fit."""
     sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     try:
-        trainer.net.load_state_dict(sd)
+        net.load_state_dict(sd)
     except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}: does not fit the model: {e}") from None
+        raise CheckpointError(f"{path}: does not fit the model: {' '.join(str(e).split())}") from None
+
+
+def restore(source, trainer, schedule, model_name):
+    """Load a checkpoint (a path or a :class:`Checkpoint`) into ``trainer``.
+
+    Returns its metadata (epoch, batch, steps_done, ...).
+    """
+    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, model_name)
+    path, tensors, meta = ckpt
+    if meta["model"] != model_name:
+        raise CheckpointError(f"{path}: checkpoint is for model {meta['model']!r}, not {model_name!r}")
+    kind = type(trainer.optimizer).__name__
+    if meta.get("optimizer_type", kind) != kind:
+        raise CheckpointError(f"{path}: checkpoint was trained with {meta['optimizer_type']}, not {kind}")
+    load_weights(tensors, trainer.net, path)
     for pname, p in trainer.net.named_parameters():
         for n in trainer.optimizer.state_names:
             key = f"optim.{pname}.{n}"
@@ -68,59 +132,164 @@ def restore(path, trainer, schedule, model_name):
     return meta
 
 
+class _Interrupts:
+    """Turns the first Ctrl-C into a request the loop honours between steps.
+
+    Only the main thread may install signal handlers; elsewhere, and where
+    SIGINT is ignored, Ctrl-C keeps its behaviour.
+    """
+
+    def __init__(self):
+        self.requested = self.forced = False
+        self._previous, self._installed = None, False
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            self.forced = True
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        # Not off the main thread (Python forbids it), nor where Ctrl-C is ignored (nohup, `cmd &`).
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self._previous, self._installed = signal.signal(signal.SIGINT, self._handle), True
+        return self
+
+    def __exit__(self, *exc):
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
+
+
+def _truncate_jsonl(path, key, limit):
+    """Drop records whose ``key`` exceeds ``limit``: a resumed run rewrites what came after its checkpoint."""
+    if not path or not os.path.isfile(path):
+        return
+    with open(path) as f:
+        lines = [ln for ln in f if ln.strip()]
+    keep = []
+    for ln in lines:
+        try:
+            record = json.loads(ln)
+        except ValueError:
+            continue                    # a line cut short by a killed process
+        if record.get(key, 0) <= limit:
+            keep.append(ln if ln.endswith("\n") else ln + "\n")
+    if keep != lines:
+        with open(path, "w") as f:
+            f.writelines(keep)
+
+
 def fit(trainer, train_loader, test_loader, epochs, schedule=None, out_dir=None, model_name="model",
-        resume=None, progress=True, log=print, on_step=None):
+        resume=None, progress=True, log=print, on_step=None, metrics_path=None, run_info=None):
     """Train for ``epochs``; each epoch ends with a test accuracy, a metrics line and a checkpoint.
 
-    Ctrl-C saves a checkpoint at the batch reached and re-raises. Returns the
-    list of per-epoch metrics dicts.
+    With ``out_dir``: ``checkpoint.safetensors`` (every epoch and on Ctrl-C),
+    ``steps.jsonl`` (one line per step: epoch, batch, step, loss, lr) and, unless
+    ``metrics_path`` says otherwise, ``metrics.jsonl`` (one line per epoch).
+    ``resume`` is a checkpoint path or a :class:`Checkpoint`; the
+    consumed batches of its epoch are drawn again and skipped, so the loader's
+    shuffle and augmentation stay in step. ``run_info`` (a JSON-able dict) is
+    stored in every checkpoint. Ctrl-C saves a checkpoint at the batch reached
+    and re-raises KeyboardInterrupt. Returns the list of per-epoch metrics.
     """
-    start_epoch, skip = 0, 0
-    if resume:
+    loop = _Loop(trainer, schedule, model_name, out_dir, metrics_path, run_info, progress, log, on_step)
+    start_epoch, skip, carried = 0, 0, []
+    if resume is not None:
         meta = restore(resume, trainer, schedule, model_name)
-        start_epoch, skip = meta["epoch"], meta["batch"]
-        log(f"resumed from {resume}: epoch {start_epoch + 1}, batch {skip}")
-    ckpt = os.path.join(out_dir, "checkpoint.safetensors") if out_dir else None
-    metrics_path = os.path.join(out_dir, "metrics.jsonl") if out_dir else None
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
+        start_epoch, skip, carried = meta["epoch"], meta["batch"], list(meta.get("epoch_losses", []))
+        _truncate_jsonl(loop.steps_path, "step", trainer.steps_done)
+        _truncate_jsonl(loop.metrics_path, "epoch", start_epoch)
+        log(f"resumed: epoch {start_epoch + 1}, batch {skip} (step {trainer.steps_done})")
     history = []
-    for epoch in range(start_epoch, epochs):
-        train_loader.set_epoch(epoch)
-        t0, losses, batch = time.perf_counter(), [], 0
-        bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{epochs}", disable=not progress,
-                   leave=False, dynamic_ncols=True)
+    with loop, _Interrupts() as loop.interrupts:
+        for epoch in range(start_epoch, epochs):
+            t0 = time.perf_counter()
+            losses = loop.epoch(train_loader, epoch, epochs, skip, carried)
+            skip, carried = 0, []
+            lr, peak = trainer.optimizer.lr, loop.peak_bytes     # of the training steps, not of evaluation
+            if schedule is not None:
+                schedule.step()
+            acc = evaluate(trainer, test_loader) if test_loader is not None else None
+            m = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None, "test_accuracy": acc,
+                 "seconds": round(time.perf_counter() - t0, 3), "lr": lr, "peak_bytes": peak}
+            history.append(m)
+            log(f"epoch {epoch + 1:>3}/{epochs}  loss {m['loss']:.4f}  "
+                + (f"test acc {acc * 100:.2f}%  " if acc is not None else "") + f"({m['seconds']:.1f} s)")
+            loop.end_epoch(m)
+    return history
+
+
+class _Loop:
+    """The state one :func:`fit` call shares between epochs: where to write, whom to tell, Ctrl-C."""
+
+    def __init__(self, trainer, schedule, model_name, out_dir, metrics_path, run_info, progress, log, on_step):
+        self.trainer, self.schedule, self.model_name = trainer, schedule, model_name
+        self.run_info, self.progress, self.log, self.on_step = run_info or {}, progress, log, on_step
+        self.ckpt = os.path.join(out_dir, "checkpoint.safetensors") if out_dir else None
+        self.steps_path = os.path.join(out_dir, "steps.jsonl") if out_dir else None
+        self.metrics_path = metrics_path or (os.path.join(out_dir, "metrics.jsonl") if out_dir else None)
+        for d in {os.path.dirname(p) for p in (self.ckpt, self.metrics_path) if p}:
+            os.makedirs(d or ".", exist_ok=True)
+        self.steps_log, self.interrupts, self.peak_bytes = None, None, 0
+
+    def __enter__(self):
+        self.steps_log = open(self.steps_path, "a", buffering=1) if self.steps_path else None
+        return self
+
+    def __exit__(self, *exc):
+        if self.steps_log:
+            self.steps_log.close()
+
+    def epoch(self, loader, epoch, epochs, skip, losses):
+        """One pass over ``loader`` from batch ``skip``, appending to ``losses``; returns ``losses``."""
+        trainer, done, self.peak_bytes = self.trainer, skip, 0
+        loader.set_epoch(epoch)
+        bar = tqdm(total=len(loader), initial=skip, desc=f"epoch {epoch + 1}/{epochs}",
+                   disable=not self.progress, leave=False, dynamic_ncols=True)
         try:
-            for batch, (x, y) in enumerate(train_loader):
+            for batch, (x, y) in enumerate(loader):
                 if batch < skip:
-                    bar.update(1)
-                    continue
-                loss = trainer.step(x, y)
+                    continue            # drawn, not sliced: the loader's random stream advances as before
+                before = trainer.steps_done
+                try:
+                    loss = trainer.step(x, y)
+                except KeyboardInterrupt:
+                    # A step that finished (steps_done moved) counts; one that did not runs again on resume.
+                    done = batch + (trainer.steps_done > before)
+                    raise
+                done = batch + 1
                 losses.append(loss)
-                if on_step is not None:
-                    on_step(epoch, batch, loss)
+                self.peak_bytes = max(self.peak_bytes, trainer.measured_peak_bytes)
+                if self.steps_log:
+                    self.steps_log.write(json.dumps({"epoch": epoch + 1, "batch": batch, "step": trainer.steps_done,
+                                                     "loss": loss, "lr": trainer.optimizer.lr}) + "\n")
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}")
+                if self.on_step is not None:
+                    self.on_step(epoch, batch, loss)
+                if self.interrupts.requested:
+                    raise KeyboardInterrupt
         except KeyboardInterrupt:
             bar.close()
-            if ckpt:
-                save(ckpt, trainer, schedule, model_name, epoch, batch)
-                log(f"interrupted: checkpoint saved to {ckpt} (epoch {epoch + 1}, batch {batch})")
+            if self.interrupts.forced:
+                self.log("interrupted during a step: checkpoint not updated")
+            elif self.ckpt:
+                save(self.ckpt, trainer, self.schedule, self.model_name, epoch, done,
+                     {**self.run_info, "epoch_losses": losses})
+                self.log(f"interrupted: checkpoint saved to {self.ckpt} (epoch {epoch + 1}, batch {done})")
             raise
         bar.close()
-        skip = 0
-        if schedule is not None:
-            schedule.step()
-        acc = evaluate(trainer, test_loader) if test_loader is not None else None
-        m = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None, "test_accuracy": acc,
-             "seconds": round(time.perf_counter() - t0, 3), "lr": trainer.optimizer.lr,
-             "peak_bytes": trainer.measured_peak_bytes}
-        history.append(m)
-        log(f"epoch {epoch + 1:>3}/{epochs}  loss {m['loss']:.4f}  "
-            + (f"test acc {acc * 100:.2f}%  " if acc is not None else "") + f"({m['seconds']:.1f} s)")
-        if metrics_path:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(m) + "\n")
-        if ckpt:
-            save(ckpt, trainer, schedule, model_name, epoch + 1, 0)
-    return history
+        return losses
+
+    def end_epoch(self, metrics):
+        """Append the epoch's metrics, checkpoint at the start of the next epoch, honour a pending Ctrl-C."""
+        if self.metrics_path:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+        if self.ckpt:
+            save(self.ckpt, self.trainer, self.schedule, self.model_name, metrics["epoch"], 0, self.run_info)
+        if self.interrupts.requested:   # Ctrl-C came during evaluation: stop at this checkpoint
+            self.log(f"interrupted: checkpoint saved to {self.ckpt} (end of epoch {metrics['epoch']})"
+                     if self.ckpt else "interrupted")
+            raise KeyboardInterrupt

@@ -44,13 +44,16 @@ class MemoryConfig:
     algorithm (fastest first, smaller workspaces under a tight budget);
     ``"default"`` keeps every op's default algorithm. Offload, prefetch and
     recomputation never change a result; a different algorithm may change the
-    last bits (see ``plan.algorithm_changes``).
+    last bits (see ``plan.algorithm_changes``). With ``sub_batching``, a
+    training step that cannot fit at its full batch is split into sub-batches
+    whose gradients accumulate (see ``memory.subbatch``).
     """
 
     budget: object = None
     policy: object = "auto"
     profile: object = "cpu-2core"
     algorithms: str = "auto"
+    sub_batching: bool = True
     poison: bool = False
     check: bool = False
 

@@ -372,4 +372,4 @@ def _infeasible(budget, minimum, plan):
     at = max(range(len(curve)), key=curve.__getitem__)
     raise MemoryBudgetError(
         f"budget {format_bytes(budget)} ({budget} B) is below the minimum feasible "
-        f"{format_bytes(minimum)} ({minimum} B), set by step {at} ({plan.steps[at].label})", minimum)
+        f"{format_bytes(minimum)} ({minimum} B), set by step {at} ({plan.steps[at].label})", minimum, budget)

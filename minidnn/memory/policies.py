@@ -2,6 +2,7 @@
 ``evictions(schedule, arena_limit, cost, touches) -> {(tensor, gap): Evict} | None``."""
 from __future__ import annotations
 
+from .baselines import VDNN, CheckpointSqrt, MoDNN, SuperNeurons, VDNNDynamic
 from .planner import AutoPolicy
 
 
@@ -19,6 +20,13 @@ POLICIES = {
     "none": NoEviction,
     "swap": lambda: AutoPolicy(recompute=False),
     "recompute": lambda: AutoPolicy(offload=False),
+    # the papers' policies (baselines.py): each documents its rule and the details chosen
+    "vdnn_all": lambda: VDNN(convs_only=False),
+    "vdnn_conv": lambda: VDNN(convs_only=True),
+    "vdnn_dyn": VDNNDynamic,
+    "checkpoint_sqrt": CheckpointSqrt,
+    "superneurons": SuperNeurons,
+    "modnn": MoDNN,
 }
 
 

@@ -50,6 +50,7 @@ class Op:
     saved_inputs: tuple = ()    # inputs the backward reads
     saved_outputs: tuple = ()   # outputs the backward reads
     no_grad_inputs: tuple = ()  # inputs that never get a gradient (labels, BN running stats)
+    accumulating_inputs: tuple = ()  # inputs whose gradient the backward can add into (ctx.accumulate)
     is_loss = False             # the backward seeds itself with d(loss) = 1
     recomputable = True         # the forward may run again during the backward
     flops_per_output = 1        # rough cost model hint, refined by ops that know better

@@ -2,15 +2,23 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import blas
 
 from ..errors import ShapeError
 from ..graph import Spec
 from .base import Op, apply, same_float
 
 
+def _gemm_acc(x, gy, gw):
+    """gw += gy.T @ x in place (BLAS with beta = 1: no temporary the size of the weight)."""
+    gemm = blas.sgemm if gw.dtype == np.float32 else blas.dgemm
+    gemm(1.0, x.T, gy.T, beta=1.0, c=gw.T, trans_b=1, overwrite_c=1)
+
+
 class LinearOp(Op):
     name = "linear"
     saved_inputs = (0, 1)
+    accumulating_inputs = (1, 2)
 
     def infer(self, x, w, b=None):
         dt = same_float(x, w, *([b] if b is not None else []))
@@ -34,9 +42,15 @@ class LinearOp(Op):
         if gins[0] is not None:
             np.matmul(gy, w, out=gins[0])
         if gins[1] is not None:
-            np.matmul(gy.T, x, out=gins[1])
+            if 1 in ctx.accumulate:
+                _gemm_acc(x, gy, gins[1])
+            else:
+                np.matmul(gy.T, x, out=gins[1])
         if len(gins) > 2 and gins[2] is not None:
-            np.sum(gy, axis=0, out=gins[2])
+            if 2 in ctx.accumulate:
+                gins[2] += gy.sum(axis=0)
+            else:
+                np.sum(gy, axis=0, out=gins[2])
 
 
 def linear(x, weight, bias=None):

@@ -8,9 +8,10 @@ from ..graph import Spec
 from .base import Op, apply, carve, nbytes_of
 
 
-def _upstream(gouts) -> float:
-    """d(objective)/d(loss): 1 for the iteration's loss, the incoming gradient if the loss feeds more ops."""
-    return 1.0 if gouts[0] is None else float(gouts[0])
+def _upstream(ctx, gouts) -> float:
+    """d(objective)/d(loss): the context's loss scale for the iteration's loss (1, or 1/k for one of
+    k sub-batches), the incoming gradient if the loss feeds more ops."""
+    return ctx.loss_scale if gouts[0] is None else float(gouts[0])
 
 
 class CrossEntropyOp(Op):
@@ -62,7 +63,7 @@ class CrossEntropyOp(Op):
         z = self._log_softmax(logits, ws)
         np.exp(z, out=gx)
         gx[np.arange(len(labels)), labels] -= 1
-        gx *= gx.dtype.type(_upstream(gouts) / len(labels))
+        gx *= gx.dtype.type(_upstream(ctx, gouts) / len(labels))
 
 
 class MSEOp(Op):
@@ -88,7 +89,7 @@ class MSEOp(Op):
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         gx = gins[0]
         np.subtract(ins[0], ins[1], out=gx)
-        gx *= gx.dtype.type(2.0 * _upstream(gouts) / gx.size)
+        gx *= gx.dtype.type(2.0 * _upstream(ctx, gouts) / gx.size)
 
 
 def cross_entropy(logits, labels):

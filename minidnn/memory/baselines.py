@@ -1,0 +1,405 @@
+"""The memory policies of the papers minidnn is measured against, as small planners.
+
+Each is an object with ``name`` and ``evictions(schedule, limit, cost, touch)``
+(and, where the paper picks convolution algorithms, ``choose(...)`` which also
+returns the algorithms), producing the same eviction decisions - and through
+``plan_memory`` the same :class:`Plan` - as minidnn's own ``auto``. They
+return None when their rule cannot meet ``limit``.
+
+The papers' unit is a layer; here it is a forward step of the schedule (one
+node: a convolution, a BatchNorm, a ReLU are separate layers, as in cuDNN-based
+frameworks). Their "offload a layer's data after the forward, bring it back
+for the backward" is the gap of a tensor that spans the end of the forward
+pass (its last forward touch to its first backward touch); a value with
+several consumers (residual adds, concatenations) is offloaded after the last
+of them, as everywhere in minidnn. Gradients are never evicted (none of the
+papers does). Three things the papers do are not expressible here:
+
+- *sub-batching* (moDNN): the executor runs whole batches;
+- *speed-centric recomputation* (Chen et al.; SuperNeurons' speed mode): the
+  lowering restores each dropped tensor just before its own backward use and
+  drops the chain it recomputed on the way, so a segment of k dropped tensors
+  costs up to k(k+1)/2 forward steps instead of k - SuperNeurons'
+  *memory-centric* mode. Memory is never above the papers' figure, time may be;
+- offloads are issued after the step that last reads a tensor, not while it
+  runs; each is held one more step (``delay=1``) so that its copy overlaps the
+  next layer, which is where vDNN's copy of a layer's input overlaps that layer.
+
+``plan_memory`` retimes every policy's offloads (its ``_hide_transfers``) and
+keeps the retimed plan when it fits and is predicted faster, so the baselines
+are measured with transfers no worse hidden than their papers'.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from ..schedule import aligned
+from .program import Evict, lower
+from .simulator import memory_curve
+
+CONV_OPS = ("conv2d", "conv_transpose2d")
+# SuperNeurons' "cheap" layers: pooling, activation, normalization (LRN there, BatchNorm here)
+CHEAP_OPS = ("batch_norm2d", "relu", "leaky_relu", "sigmoid", "tanh", "max_pool2d", "avg_pool2d")
+
+
+# -- facts every baseline uses ----------------------------------------------------
+class _Facts:
+    """The forward steps, where the forward ends, who produces what, where each backward step is."""
+
+    def __init__(self, schedule, touch):
+        self.schedule, self.touch = schedule, touch
+        self.forward = [s for s in schedule.steps if s.kind == "forward"]
+        self.end = self.forward[-1].index if self.forward else -1
+        self.producer = {t: s for s in self.forward for t in s.outs}
+        self.backward = [s.index for s in schedule.steps if s.kind == "backward"]
+
+    def crossing(self, t):
+        """The gap of ``t`` from its last forward touch to its first backward touch (None if none,
+        or if no step lies between them)."""
+        ts = self.touch.get(t)
+        if not ts or self.schedule.tensors[t].persistent:
+            return None
+        g = bisect.bisect_right(ts, self.end) - 1
+        if g < 0 or g + 1 >= len(ts) or ts[g + 1] - ts[g] < 2:
+            return None
+        return g
+
+    def one_layer_ahead(self, b):
+        """Schedule steps from the backward step that runs just before step ``b`` to ``b``: a prefetch
+        issued that many steps early overlaps the backward of the next-later layer (vDNN)."""
+        k = bisect.bisect_left(self.backward, b) - 1
+        return b - self.backward[k] if k >= 0 and self.backward[k] > self.end else 1
+
+    def offload(self, t, delay=1):
+        g = self.crossing(t)
+        if g is None:
+            return {}
+        return {(t, g): Evict("offload", delay=delay, lead=self.one_layer_ahead(self.touch[t][g + 1]))}
+
+
+def live_bytes(schedule, evictions, touch, algos=None) -> int:
+    """The largest sum of arena bytes live at one step of the lowered plan (placement not included)."""
+    return int(memory_curve(lower(schedule, evictions, touch, algos or {})).max(initial=0))
+
+
+def approximate_curve(schedule, touch, algos=None) -> np.ndarray:
+    """Arena bytes live at each schedule step with nothing evicted, with ``algos``' workspaces."""
+    n = len(schedule.steps)
+    keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+    diff = np.zeros(n + 1, np.int64)
+    for t, ts in touch.items():
+        size = aligned(schedule.tensors[t].nbytes)
+        diff[ts[0]] += size
+        diff[(n - 1 if t in keep else ts[-1]) + 1] -= size
+    curve = np.cumsum(diff[:-1])
+    for i, a in (algos or {}).items():
+        ws = schedule.steps[i].ws
+        curve[i] += aligned(a.workspace) - (aligned(schedule.tensors[ws].nbytes) if ws is not None else 0)
+    return curve
+
+
+def downgrade_at_peak(schedule, evictions, touch, options, algos, limit):
+    """vDNN's greedy algorithm choice: while the plan is over ``limit``, give the step with the most
+    bytes live among those over it (and with a smaller-workspace algorithm) its fastest smaller one.
+    Returns the algorithms, or None if no downgrade is left and it still does not fit."""
+    cur = dict(algos)
+    program = lower(schedule, evictions, touch, cur)
+    curve = memory_curve(program)
+    runs = defaultdict(list)                     # schedule step -> program steps running it
+    for i, o in enumerate(program.origin):
+        if o in options:
+            runs[o].append(i)
+    while curve.max(initial=0) > limit:
+        best = None
+        for i in np.flatnonzero(curve > limit):
+            o = program.origin[i]
+            if o not in options or (best is not None and curve[i] <= best[0]):
+                continue
+            ws = cur.get(o, options[o][0][1]).workspace
+            smaller = [a for _, a in options[o] if a.workspace < ws]
+            if smaller:
+                best = (curve[i], o, smaller[0])
+        if best is None:
+            return None
+        _, o, a = best
+        curve[runs[o]] -= aligned(cur.get(o, options[o][0][1]).workspace) - aligned(a.workspace)
+        cur[o] = a                               # a workspace lives only during its own step
+    return cur
+
+
+class _Baseline:
+    """Policies that choose algorithms implement ``choose``; the others only ``evictions``."""
+
+    def choose(self, schedule, limit, cost, touch, options, algos):
+        ev = self.evictions(schedule, limit, cost, touch, algos)
+        return (None, None) if ev is None else (ev, algos)
+
+    def __repr__(self):
+        return f"<memory policy {self.name}>"
+
+
+def _feature_map(schedule, step, t) -> bool:
+    """Whether output ``t`` of ``step`` is a feature map, not per-channel statistics (BatchNorm's mean
+    and inverse deviation: a few hundred bytes, kept rather than re-running the layer for them)."""
+    return 64 * schedule.tensors[t].nbytes >= schedule.tensors[step.ins[0]].nbytes
+
+
+# -- vDNN ------------------------------------------------------------------------------
+def layerwise_offloads(schedule, touch, convs_only=False) -> dict:
+    """vDNN's decisions: every layer's input (``convs_only``: every convolution's input) offloaded
+    after its last forward use, prefetched one backward layer ahead of its first backward use."""
+    f = _Facts(schedule, touch)
+    ev = {}
+    for s in f.forward:
+        if convs_only and s.node.op.name not in CONV_OPS:
+            continue
+        for u in s.ins:
+            if u is not None and not schedule.tensors[u].persistent:
+                ev.update(f.offload(u))
+    return ev
+
+
+class VDNN(_Baseline):
+    """vDNN_all / vDNN_conv (Rhu et al., "vDNN: Virtualized Deep Neural Networks for Scalable,
+    Memory-Efficient Neural Network Design", MICRO 2016).
+
+    Rule: the input feature map X of every layer (vDNN_all) or of every convolution (vDNN_conv) is
+    offloaded during the forward once no later layer reads it, and prefetched during the backward
+    of the layer one step later in the network, so that it arrives for its own layer's backward.
+    Chosen for values with several consumers (the paper's nets are chains): such a value is in the
+    set if any of its consumers is, is offloaded after the last of them, and is prefetched one layer
+    ahead of the first backward that reads it. Budget-independent; None if the fixed set does not fit. Algorithms: the fastest
+    ("performance-optimal", the paper's (p) configuration). Only inputs that a backward reads are
+    offloaded (a ReLU's input is dead after its forward; the paper also only moves what the
+    backward needs).
+    """
+
+    def __init__(self, convs_only):
+        self.convs_only = convs_only
+        self.name = "vdnn_conv" if convs_only else "vdnn_all"
+
+    def evictions(self, schedule, limit, cost, touch, algos=None):
+        ev = layerwise_offloads(schedule, touch, self.convs_only)
+        return ev if live_bytes(schedule, ev, touch, algos) <= limit else None
+
+
+class VDNNDynamic(_Baseline):
+    """vDNN_dyn (Rhu et al. 2016, section III-C): the first of vDNN_none, vDNN_conv, vDNN_all that fits
+    with the fastest algorithms; failing that, vDNN_conv then vDNN_all with the paper's greedy
+    per-layer algorithm downgrade (the layer at the memory peak gets its next-smaller workspace,
+    until the plan fits or nothing is left to downgrade - vDNN_all with memory-optimal algorithms)."""
+
+    name = "vdnn_dyn"
+
+    def evictions(self, schedule, limit, cost, touch, algos=None):
+        return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
+
+    def choose(self, schedule, limit, cost, touch, options, algos):
+        tries = [{}, layerwise_offloads(schedule, touch, True), layerwise_offloads(schedule, touch, False)]
+        for ev in tries:
+            if live_bytes(schedule, ev, touch, algos) <= limit:
+                return ev, algos
+        for ev in tries[1:]:
+            chosen = downgrade_at_peak(schedule, ev, touch, options, algos, limit)
+            if chosen is not None:
+                return ev, chosen
+        return None, None
+
+
+# -- Chen et al.: sublinear memory by checkpointing --------------------------------------
+class CheckpointSqrt(_Baseline):
+    """Chen, Xu, Zhang, Guestrin, "Training Deep Nets with Sublinear Memory Cost" (arXiv 2016).
+
+    Rule: the n forward layers are cut into segments of about k = sqrt(n); the values that cross a
+    cut are kept, everything produced inside a segment is dropped after the forward and recomputed
+    from the kept values for the backward. Details the paper leaves open, chosen here: for a graph
+    that is not a chain the paper cuts at articulation points; each cut is placed within k/2 of its
+    ideal position where the fewest bytes cross it (a single tensor where the graph has an
+    articulation point, several in a dense block); the values crossing a cut are the checkpoints.
+    Outputs of non-recomputable layers (dropout: a new mask) stay on the device - the paper's
+    scheme is recompute-only, no host memory. Budget-independent; None if it does not fit.
+    Recomputation is memory-centric (see the module notes), so time can exceed the paper's one
+    extra forward.
+    """
+
+    name = "checkpoint_sqrt"
+
+    def evictions(self, schedule, limit, cost, touch, algos=None):
+        ev = self.decisions(schedule, touch)
+        return ev if live_bytes(schedule, ev, touch, algos) <= limit else None
+
+    @staticmethod
+    def cuts(schedule, touch):
+        """Schedule indices of the forward steps after which a segment ends, and the bytes crossing
+        after each forward step."""
+        f = _Facts(schedule, touch)
+        fwd = [s.index for s in f.forward]
+        n = len(fwd)
+        diff = np.zeros(len(schedule.steps) + 1, np.int64)
+        for t, ts in touch.items():
+            last = bisect.bisect_right(ts, f.end) - 1
+            if last > 0:                          # alive from its first touch to its last forward one
+                diff[ts[0]] += aligned(schedule.tensors[t].nbytes)
+                diff[ts[last]] -= aligned(schedule.tensors[t].nbytes)
+        crossing = np.cumsum(diff[:-1])
+        k = max(1, round(math.sqrt(n)))
+        cuts, pos = [], -1
+        while pos + k < n - 1:
+            lo, hi = pos + max(1, (k + 1) // 2), min(n - 2, pos + k + k // 2)
+            ideal = pos + k
+            best = min(range(lo, hi + 1), key=lambda p: (crossing[fwd[p]], abs(p - ideal)))
+            cuts.append(fwd[best])
+            pos = best
+        return cuts, crossing
+
+    def decisions(self, schedule, touch) -> dict:
+        f = _Facts(schedule, touch)
+        cuts, _ = self.cuts(schedule, touch)
+        kept = set()
+        for c in cuts:
+            for t, ts in touch.items():
+                if ts[0] <= c < ts[bisect.bisect_right(ts, f.end) - 1]:
+                    kept.add(t)
+        ev = {}
+        for t, src in f.producer.items():
+            g = f.crossing(t)
+            if g is not None and t not in kept and src.node.op.recomputable:
+                ev[(t, g)] = Evict("recompute")
+        return ev
+
+
+# -- SuperNeurons ----------------------------------------------------------------------------
+class SuperNeurons(_Baseline):
+    """Wang et al., "SuperNeurons: Dynamic GPU Memory Management for Training Deep Neural Networks"
+    (PPoPP 2018): liveness analysis + the Unified Tensor Pool's offload of convolution outputs
+    (their transfers hide behind the convolutions) + cost-aware recomputation of cheap layers.
+
+    Rule: every convolution's output is offloaded after its last forward use and prefetched one
+    backward layer ahead; the outputs of the cheap layers (BatchNorm, activations, pooling) are
+    dropped after the forward and recomputed from the nearest convolution output; everything else
+    (adds, concatenations, linear layers, dropout) is freed by liveness only. Chosen where the
+    paper leaves it open: add and concatenation are not "cheap" (the paper lists POOL, ACT, BN,
+    LRN); BatchNorm's per-channel statistics stay (only feature maps are recomputed);
+    recomputation is memory-centric (the paper picks per segment; see the module notes).
+    Budget-independent like the paper's policy; with several convolution algorithms, the one at
+    the peak gets a smaller workspace until the plan fits (the paper's dynamic workspace).
+    """
+
+    name = "superneurons"
+
+    def evictions(self, schedule, limit, cost, touch, algos=None):
+        return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
+
+    def choose(self, schedule, limit, cost, touch, options, algos):
+        f = _Facts(schedule, touch)
+        ev = {}
+        for s in f.forward:
+            op = s.node.op.name
+            for t in s.outs:
+                g = f.crossing(t)
+                if g is None:
+                    continue
+                if op in CONV_OPS:
+                    ev.update(f.offload(t))
+                elif op in CHEAP_OPS and s.node.op.recomputable and _feature_map(schedule, s, t):
+                    ev[(t, g)] = Evict("recompute")
+        chosen = downgrade_at_peak(schedule, ev, touch, options, algos, limit)
+        return (None, None) if chosen is None else (ev, chosen)
+
+
+# -- moDNN -----------------------------------------------------------------------------------
+class MoDNN(_Baseline):
+    """Chen, Chen, Hu, "moDNN: Memory Optimal DNN Training on GPUs" (DATE 2018): offload/prefetch
+    heuristics with convolution algorithm selection (and sub-batching, not available here: the
+    executor runs whole batches).
+
+    Rule, as implemented: at the step where the most bytes are live, offload the largest feature
+    map idle across it (its forward-to-backward gap; ties: the one produced earliest, whose long
+    gap hides its copy best); if none is left there, give that step's convolution its smallest
+    workspace. Repeat until the budget fits. Then spend what is left of the budget: upgrade
+    convolutions back to faster algorithms where the memory allows, hold each offloaded buffer
+    until its copy is hidden and issue each prefetch as early as memory allows (the tensors needed
+    first in the backward get the room first). Swap-only: moDNN does not recompute.
+    """
+
+    name = "modnn"
+
+    def evictions(self, schedule, limit, cost, touch, algos=None):
+        return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
+
+    def choose(self, schedule, limit, cost, touch, options, algos):
+        f = _Facts(schedule, touch)
+        cur = dict(algos)
+        curve = approximate_curve(schedule, touch, cur)
+        rows = []                                   # (t, gap, a, b, size)
+        for t in touch:
+            g = f.crossing(t)
+            if g is not None:
+                rows.append((t, g, touch[t][g], touch[t][g + 1], aligned(schedule.tensors[t].nbytes)))
+        taken = {}
+        while True:
+            s = int(np.argmax(curve))
+            if curve[s] <= limit:
+                break
+            idle = [r for r in rows if r[2] < s < r[3] and (r[0], r[1]) not in taken]
+            if idle:
+                r = max(idle, key=lambda r: (r[4], -r[2]))
+                taken[(r[0], r[1])] = r
+                curve[r[2] + 1:r[3]] -= r[4]
+                continue
+            if s in options:
+                a = min(options[s], key=lambda p: (p[1].workspace, p[0]))[1]
+                ws = aligned(cur.setdefault(s, options[s][0][1]).workspace) - aligned(a.workspace)
+                if ws > 0:
+                    cur[s] = a
+                    curve[s] -= ws
+                    continue
+            return None, None
+        secs = [cost.step_seconds(schedule, st, cur.get(st.index)) for st in schedule.steps]
+        for i, opts in options.items():              # faster algorithms where memory allows
+            cur.setdefault(i, opts[0][1])
+            for sec, a in opts:
+                grow = aligned(a.workspace) - aligned(cur[i].workspace)
+                if sec < secs[i] and curve[i] + grow <= limit:
+                    cur[i], curve[i], secs[i] = a, curve[i] + grow, sec
+                    break
+        ev = {}
+        for t, g, a, b, size in sorted(taken.values(), key=lambda r: r[3]):
+            lead = 0
+            while b - lead - 1 > a + 1 and curve[b - lead - 1] + size <= limit:
+                lead += 1
+                curve[b - lead] += size
+            need, delay, acc = cost.transfer_seconds(schedule.tensors[t].nbytes), 0, 0.0
+            while acc < need and a + delay + 1 < b - lead - 1 and curve[a + delay + 1] + size <= limit:
+                delay += 1
+                acc += secs[a + delay]
+                curve[a + delay] += size
+            ev[(t, g)] = Evict("offload", delay=delay, lead=lead)
+        return ev, cur
+
+
+class Recorded:
+    """A policy passed through, remembering what it returned. ``owns(plan)`` tells its own plan from
+    the one ``plan_memory`` falls back to when a policy cannot meet the budget (the planner's
+    everything-evicted minimum, which carries the policy's name)."""
+
+    def __init__(self, policy):
+        self.policy, self.name, self.returned = policy, policy.name, []
+        if hasattr(policy, "choose"):
+            self.choose = lambda *a: self._keep(policy.choose(*a), 0)
+
+    def evictions(self, *a):
+        return self._keep(self.policy.evictions(*a), None)
+
+    def _keep(self, out, idx):
+        ev = out if idx is None else out[idx]
+        if ev is not None:
+            self.returned.append({k: e.kind for k, e in ev.items()})
+        return out
+
+    def owns(self, plan) -> bool:
+        return not plan.evictions or {k: e.kind for k, e in plan.evictions.items()} in self.returned

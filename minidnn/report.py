@@ -1,0 +1,170 @@
+"""What ``minidnn models`` and ``minidnn plan`` print: memory and cost of a training step, no kernels run.
+
+Both trace a network on symbolic inputs, build the schedule of one SGD
+iteration and hand it to the memory planner; weights are never drawn (see
+:func:`shapes_only`), so even VGG-16 at batch 256 is reported in a fraction of
+a second.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from .errors import MinidnnError
+from .memory import MemoryConfig, format_bytes, get_profile, plan_memory
+from .training import build_model
+
+
+def _noop(self, *args, **kwargs):
+    return None
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """While active, layers and networks skip drawing their initial weights.
+
+    Tracing needs shapes only, and drawing VGG-16's 138 M weights takes
+    seconds. Parameters are left uninitialised (``np.empty``): fine for a
+    network that is only traced and planned, and for one whose weights are
+    drawn (``init_parameters``) or loaded before it runs.
+    """
+    from . import models  # noqa: F401  (registers the networks' classes, so they are patched too)
+    from .nn import Module
+    patched = [(cls, attr, vars(cls)[attr]) for cls in set(_subclasses(Module))
+               for attr in ("reset_parameters", "init_weights") if attr in vars(cls)]
+    try:
+        for cls, attr, _ in patched:
+            setattr(cls, attr, _noop)
+        yield
+    finally:
+        for cls, attr, fn in patched:
+            setattr(cls, attr, fn)
+
+
+def training_schedule(net, input_shape):
+    """(graph, schedule) of one SGD-with-momentum step of ``net`` on ``input_shape`` (N, C, H, W).
+
+    Classifiers get a cross-entropy loss; networks with per-pixel outputs
+    (U-Net) a mean-squared error against a target of the output's shape.
+    """
+    from .autograd import build_schedule
+    from .graph import trace
+    from .nn import CrossEntropyLoss, MSELoss
+    from .optim import SGD
+    out = trace(net, input_shape).outputs[0]
+    loss = CrossEntropyLoss() if len(out.shape) == 2 else MSELoss()
+    graph = trace(net, input_shape, loss=loss)
+    return graph, build_schedule(graph, optimizer=SGD(lr=0.1, momentum=0.9))
+
+
+def _input_shape(name, batch_size, image_size):
+    from . import models
+    c, h, w = models.default_input(name)
+    return (batch_size, c, image_size or h, image_size or w)
+
+
+def model_row(name, batch_size, image_size=None):
+    """One row of the models table: a dict of figures, or with ``error`` why the size does not fit."""
+    shape = _input_shape(name, batch_size, image_size)
+    row = {"model": name, "input_shape": list(shape)}
+    try:
+        with shapes_only():
+            net = build_model(name, image_size=shape[2], in_channels=shape[1])
+        graph, schedule = training_schedule(net, shape)
+    except (MinidnnError, ValueError) as e:   # ShapeError is both; a factory may raise ValueError
+        row["error"] = " ".join(str(e).split())
+        return row
+    plan = plan_memory(schedule)
+    flops = sum(n.op.flops([v.spec for v in n.inputs], [o.spec for o in n.outputs]) for n in graph.nodes)
+    row.update(parameters=net.num_parameters(), forward_flops_per_image=flops / batch_size,
+               ideal_bytes=plan.ideal_bytes, liveness_peak_bytes=plan.liveness_peak_bytes,
+               lower_bound_bytes=plan.lower_bound_bytes)
+    return row
+
+
+def models_table(rows, batch_size, image_size):
+    """The rows of :func:`model_row` as aligned text."""
+    f = format_bytes
+    size = image_size or "each model's own"
+    lines = [f"batch {batch_size}, image size {size}; "
+             "GFLOPs: forward, per image; memory: one SGD step (momentum), persistent state included",
+             f"{'model':<16}{'params':>9}{'GFLOPs':>9}{'ideal':>13}{'liveness peak':>15}{'lower bound':>13}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['model']:<16}{'-':>9}{'-':>9}{'-':>13}{'-':>15}{'-':>13}  size: {r['error'][:70]}")
+            continue
+        lines.append(f"{r['model']:<16}{r['parameters'] / 1e6:>8.2f}M{r['forward_flops_per_image'] / 1e9:>9.2f}"
+                     f"{f(r['ideal_bytes']):>13}{f(r['liveness_peak_bytes']):>15}{f(r['lower_bound_bytes']):>13}")
+    return "\n".join(lines)
+
+
+def make_plan(name, batch_size, image_size=None, budget=None, policy="auto", profile="titanx-12gb"):
+    """The memory plan of one training step of model ``name`` and its input shape.
+
+    MemoryBudgetError (with the minimum) if ``budget`` cannot be met.
+    """
+    shape = _input_shape(name, batch_size, image_size)
+    get_profile(profile)  # an unknown name fails here, with the known ones, before any work
+    with shapes_only():
+        net = build_model(name, image_size=shape[2], in_channels=shape[1])
+    _, schedule = training_schedule(net, shape)
+    plan = plan_memory(schedule, MemoryConfig(budget=budget, policy=policy, profile=profile))
+    return plan, shape
+
+
+def _algorithm_changes(plan):
+    # Plans from planners without algorithm selection have no such attribute.
+    return getattr(plan, "algorithm_changes", None) or {}
+
+
+def plan_dict(plan, name, shape, profile, policy="auto"):
+    """Everything ``minidnn plan --json`` prints: byte figures, decisions and the prediction."""
+    sim, base = plan.simulation, plan.baseline or plan.simulation
+    over = plan.predicted_overhead
+    return {
+        "model": name, "input_shape": list(shape), "profile": get_profile(profile).name, "policy": policy,
+        "planner": plan.policy,
+        "budget_bytes": plan.budget, "persistent_bytes": plan.persistent_bytes, "arena_bytes": plan.arena_bytes,
+        "ideal_bytes": plan.ideal_bytes, "liveness_peak_bytes": plan.liveness_peak_bytes,
+        "lower_bound_bytes": plan.lower_bound_bytes, "peak_bytes": plan.peak_bytes,
+        "fragmentation_bytes": plan.fragmentation_bytes, "host_bytes": plan.host_bytes, "placement": plan.placement,
+        "steps": len(plan.steps),
+        "decisions": [{"tensor": t, "bytes": int(b), "decision": k} for t, b, k in plan.layer_table()],
+        "algorithm_changes": [{"step": step, "fastest": fast, "chosen": chosen}
+                              for step, (fast, chosen) in _algorithm_changes(plan).items()],
+        "prediction": {
+            "step_seconds": float(sim.seconds), "unlimited_memory_seconds": float(base.seconds),
+            "overhead": float(over) if over is not None else 0.0,
+            "compute_seconds": float(sim.compute_seconds), "recompute_seconds": float(sim.recompute_seconds),
+            "copy_seconds": float(sim.copy_seconds), "stall_seconds": float(sim.stall_seconds),
+            "offload_bytes": int(sim.offload_bytes), "prefetch_bytes": int(sim.prefetch_bytes)},
+    }
+
+
+def plan_text(plan, name, shape, profile, policy="auto"):
+    """The plan as ``minidnn plan`` prints it: summary, evicted tensors per layer, prediction."""
+    prof = get_profile(profile)
+    b, c, h, w = shape
+    lines = [f"{name}, batch {b} of {c}x{h}x{w}; policy {policy}; profile {prof.name}: {prof.description}",
+             plan.summary(top=5)]
+    table = plan.layer_table()
+    if table:
+        lines.append(f"evicted tensors ({len(table)}), in schedule order:")
+        lines.append(f"  {'layer:op (output)':<44}{'size':>12}  decision")
+        lines += [f"  {t:<44}{format_bytes(nbytes):>12}  {kind}" for t, nbytes, kind in table]
+    else:
+        lines.append("nothing is offloaded or recomputed")
+    changes = _algorithm_changes(plan)
+    if changes:
+        lines.append(f"slower algorithms chosen for a smaller workspace ({len(changes)}):")
+        lines += [f"  {step:<40}{fast:<26} -> {chosen}" for step, (fast, chosen) in changes.items()]
+    sim, base = plan.simulation, plan.baseline or plan.simulation
+    over = plan.predicted_overhead or 0.0
+    lines.append(f"predicted step time {sim.seconds * 1e3:.2f} ms; with unlimited memory {base.seconds * 1e3:.2f} ms;"
+                 f" overhead {over * 100:+.1f}%")
+    return "\n".join(lines)
