@@ -111,10 +111,20 @@ def cmd_train(args):
             print(f"warning: {', '.join(f'{k} {old[k]!r} -> {config[k]!r}' for k in changed)} since the "
                   "checkpoint; the resumed run will not repeat the original", file=sys.stderr)
     run_info = {"config": config, "normalization": {"mean": mean, "std": std}}
+    on_step = None
+    if args.trace_dir:
+        trainer.recorder.every = 1
+        seen = []
+
+        def on_step(epoch, batch, loss):   # the recorder holds the step just run
+            seen.append(loss)
+            if len(seen) == args.trace_step:
+                paths = write_trace(trainer.trace, args.trace_dir)
+                print(f"memory trace of step {args.trace_step}: {', '.join(paths)}")
     try:
         hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=args.out,
                    model_name=args.model, resume=resume, progress=not args.no_progress,
-                   metrics_path=args.metrics, run_info=run_info)
+                   metrics_path=args.metrics, run_info=run_info, on_step=on_step)
     except KeyboardInterrupt:
         ckpt = os.path.join(args.out, "checkpoint.safetensors")
         hint = f"; continue with --resume {ckpt}" if os.path.isfile(ckpt) else ""
@@ -124,6 +134,40 @@ def cmd_train(args):
         print(f"final test accuracy {hist[-1]['test_accuracy'] * 100:.2f}%")
     elif not hist and resume is not None:
         print(f"nothing to do: the checkpoint has finished epoch {resume.meta['epoch']} of --epochs {args.epochs}")
+    return 0
+
+
+def write_trace(trace, folder):
+    """Everything a trace exports, into ``folder``; returns the paths written."""
+    from .trace import plot, to_csv
+    os.makedirs(folder, exist_ok=True)
+    paths = {name: os.path.join(folder, name) for name in
+             ("trace.json", "memory.png", "memory_snapshot.pickle", "memory.csv")}
+    trace.save(paths["trace.json"])
+    plot(trace, paths["memory.png"])
+    trace.save_memory_snapshot(paths["memory_snapshot.pickle"])
+    to_csv(trace, paths["memory.csv"])
+    return list(paths.values())
+
+
+def cmd_trace(args):
+    """``minidnn trace``: summary, plot, diff and export of saved traces."""
+    from .trace import diff, load, plot, summary, to_csv
+    if args.trace_command == "summary":
+        print(summary(load(args.file)))
+    elif args.trace_command == "plot":
+        plot(load(args.file), args.output)
+        print(f"wrote {args.output}")
+    elif args.trace_command == "diff":
+        print(diff(load(args.a), load(args.b), names=(args.a, args.b)))
+    else:
+        t = load(args.file)
+        if not (args.snapshot or args.csv):
+            raise MinidnnError("trace export: give --snapshot PICKLE and/or --csv FILE")
+        if args.snapshot:
+            t.save_memory_snapshot(args.snapshot)
+        if args.csv:
+            to_csv(t, args.csv)
     return 0
 
 
@@ -244,6 +288,10 @@ def parser():
                    help="continue exactly where this checkpoint stopped (same data, batch size and seed)")
     t.add_argument("--seed", type=int, default=0, help="seeds initialisation, shuffling, augmentation, dropout")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--trace-dir", default=None, metavar="DIR",
+                   help="write the memory timeline of one training step (--trace-step) to DIR: trace.json "
+                        "(Perfetto), memory.png, memory_snapshot.pickle (pytorch.org/memory_viz), memory.csv")
+    t.add_argument("--trace-step", type=int, default=3, help="which training step --trace-dir records")
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="test accuracy of a checkpoint")
@@ -275,6 +323,22 @@ def parser():
 
     i = sub.add_parser("info", help="backends, extension and versions")
     i.set_defaults(fn=cmd_info)
+
+    tr = sub.add_parser("trace", help="read memory timeline traces (minidnn train --trace-dir)")
+    tsub = tr.add_subparsers(dest="trace_command", required=True)
+    ts = tsub.add_parser("summary", help="peak, bytes by category, largest tensors, copies, stalls, plan vs run")
+    ts.add_argument("file")
+    tp = tsub.add_parser("plot", help="memory by category over the step, budget, plan, stream lanes (PNG)")
+    tp.add_argument("file")
+    tp.add_argument("-o", "--output", default="memory.png")
+    td = tsub.add_parser("diff", help="compare two traces (two runs, or a plan and a run)")
+    td.add_argument("a")
+    td.add_argument("b")
+    te = tsub.add_parser("export", help="PyTorch memory snapshot (pickle) and/or CSV of the memory curve")
+    te.add_argument("file")
+    te.add_argument("--snapshot", default=None, metavar="PICKLE")
+    te.add_argument("--csv", default=None)
+    tr.set_defaults(fn=cmd_trace)
     return p
 
 
