@@ -139,6 +139,12 @@ class Executor:
         self.high_water_bytes = 0       # measured arena high-water mark of the last run
         self.step_seconds = None        # per-step wall times of the last profiled run
 
+    def release(self):
+        """Free the arena and host store; the next run allocates what its plan needs."""
+        self.arena = self.backend.empty(0)
+        self.host = self.backend.host_empty(0)
+        self._bound.clear()
+
     def bind(self, plan) -> _Bound:
         b = self._bound.get(id(plan))
         if b is None:

@@ -48,8 +48,15 @@ class Trainer:
         self.store = PersistentStore(self.backend, first, optimizer)
         self.executor = Executor(self.backend, self.store, poison=self.memory.poison, check=self.memory.check)
         self.recorder = Recorder(every=trace_every, clock=self.backend.clock) if trace_every else None
+        self.cost = None
+        if self.memory.profile == "measured":          # a profiling pass on the running backend
+            from .profiling import measure_costs
+            rng = np.random.default_rng(0)
+            feeds = [rng.standard_normal(self.input_shape).astype(self.dtype),
+                     np.zeros(first.tensor(first.inputs[1]).spec.shape, first.tensor(first.inputs[1]).spec.dtype)]
+            self.cost = measure_costs(self, first, feeds)
         try:
-            plan = plan_memory(first, self.memory)
+            plan = plan_memory(first, self.memory, self.cost)
             budget = plan.budget
         except MemoryBudgetError as e:
             if not self.memory.sub_batching or self.input_shape[0] < 2:
@@ -82,7 +89,8 @@ class Trainer:
         plan = self._plans.get(key)
         if plan is None:
             try:
-                plan = plan_memory(self._schedule(tuple(shape), training), self.memory)
+                cost = self.cost if tuple(shape) == self.input_shape and training else None
+                plan = plan_memory(self._schedule(tuple(shape), training), self.memory, cost)
             except MemoryBudgetError:
                 if not (training and self.memory.sub_batching and shape[0] > 1):
                     raise
