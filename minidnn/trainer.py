@@ -59,7 +59,7 @@ class Trainer:
             plan = plan_memory(first, self.memory, self.cost)
             budget = plan.budget
         except MemoryBudgetError as e:
-            if not self.memory.sub_batching or self.input_shape[0] < 2:
+            if not self.memory.sub_batching or self.optimizer is None or self.input_shape[0] < 2:
                 raise
             plan, budget = None, e.budget_bytes
         # a fractional budget is a fraction of the compiled training step's liveness peak;
@@ -92,7 +92,7 @@ class Trainer:
                 cost = self.cost if tuple(shape) == self.input_shape and training else None
                 plan = plan_memory(self._schedule(tuple(shape), training), self.memory, cost)
             except MemoryBudgetError:
-                if not (training and self.memory.sub_batching and shape[0] > 1):
+                if not (training and self.memory.sub_batching and self.optimizer is not None and shape[0] > 1):
                     raise
                 plan = self._split(tuple(shape))
             self._plans[key] = plan

@@ -224,10 +224,12 @@ def test_nan_loss_raises_and_leaves_parameters_unchanged(lenet_trainer):
 def test_nan_loss_under_a_tight_budget_then_training_continues():
     """The error aborts a step with copies in flight (offload/prefetch); the next steps are unaffected."""
     with pytest.raises(minidnn.MemoryBudgetError) as e:
-        minidnn.compile(LeNet(), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9), memory=1)
+        minidnn.compile(LeNet(), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9),
+                        memory=minidnn.MemoryConfig(budget=1, algorithms="default", sub_batching=False))
     tight = minidnn.compile(LeNet().init_parameters(0), SHAPE, nn.CrossEntropyLoss(),
                             optim.SGD(lr=0.1, momentum=0.9),
-                            memory=minidnn.MemoryConfig(budget=e.value.minimum_bytes, check=True, poison=True))
+                            memory=minidnn.MemoryConfig(budget=e.value.minimum_bytes, check=True, poison=True,
+                                                        algorithms="default", sub_batching=False))
     assert {"offload", "prefetch"} <= {s.kind for s in tight.plan.steps}
     ref = minidnn.compile(LeNet().init_parameters(0), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9))
     x, y = good_batch()

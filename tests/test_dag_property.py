@@ -293,7 +293,7 @@ def check_dag_under_budget(spec, seed, fraction):
 
     with pytest.raises(minidnn.MemoryBudgetError) as e:
         minidnn.compile(RandomDag(spec), SHAPE, nn.CrossEntropyLoss(), optimizer=None, dtype=np.float64,
-                        memory=1)
+                        memory=minidnn.MemoryConfig(budget=1, algorithms="default"))
     minimum = e.value.minimum_bytes
     peak = free.plan.peak_bytes
     assert minimum <= peak
@@ -302,7 +302,7 @@ def check_dag_under_budget(spec, seed, fraction):
     net2 = RandomDag(spec)
     net2.load_state_dict(init)
     t = minidnn.compile(net2, SHAPE, nn.CrossEntropyLoss(), optimizer=None, dtype=np.float64,
-                        memory=minidnn.MemoryConfig(budget=budget, check=True, poison=True))
+                        memory=minidnn.MemoryConfig(budget=budget, check=True, poison=True, algorithms="default"))
     plan = t.plan
     assert plan.peak_bytes <= budget
     assert placement.overlaps(plan.offsets, plan.sizes, plan.spans) == []

@@ -144,14 +144,14 @@ def test_budgeted_runs_are_bitwise_identical_to_unlimited(name, dropout, opt):
         return trainer_for(name, optimizer=o, memory=memory, dropout=dropout, seed=4)
 
     with pytest.raises(minidnn.MemoryBudgetError) as e:
-        make(memory=1)
+        make(memory=minidnn.MemoryConfig(budget=1, algorithms="default", sub_batching=False))
     minimum = e.value.minimum_bytes
     free = make()
     ref = run_steps(free, shape)
     peak = free.plan.peak_bytes
     assert minimum < peak
     for budget in (minimum, (minimum + peak) // 2):
-        t = make(minidnn.MemoryConfig(budget=budget, check=True, poison=True))
+        t = make(minidnn.MemoryConfig(budget=budget, check=True, poison=True, algorithms="default"))
         assert t.plan.peak_bytes <= budget
         kinds = {s.kind for s in t.plan.steps}
         assert kinds & {"offload", "recompute"}, "a budget below the peak must evict something"

@@ -278,7 +278,7 @@ def _plan(budget=None):
                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                         nn.Linear(8 * 8 * 8, 10)).init_parameters(0)
     return minidnn.compile(net, (16, 3, 16, 16), nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9),
-                           memory=budget).plan
+                           memory=minidnn.MemoryConfig(budget=budget, sub_batching=False)).plan
 
 
 def test_trace_predicted_by_a_budgeted_plan(tmp_path):

@@ -1,0 +1,145 @@
+"""The memory policies of the papers (memory/baselines.py) and minidnn's own, side by side.
+
+Each policy, at a budget it meets, trains bit for bit like unlimited memory
+(poison mode and the overlap check on), its plan stays within the budget, and
+the plan is the policy's own (not the planner's fallback). Unknown names are
+refused with the list of known ones. The bitwise runs keep every op's default
+algorithm (another convolution algorithm may change the last bits, eviction
+may not); planning is checked with the algorithm choice on.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import minidnn as mdn
+from minidnn import models, nn, optim
+from minidnn.autograd import build_schedule
+from minidnn.graph import trace
+from minidnn.memory import MemoryConfig, ProfileCost, plan_memory
+from minidnn.memory.baselines import CheckpointSqrt, Recorded, layerwise_offloads
+from minidnn.memory.planner import algorithm_options, fastest, make_plan
+from minidnn.memory.policies import POLICIES, get_policy
+from minidnn.memory.program import touches
+from minidnn.schedule import ACT_GRAD
+
+NETS = {"resnet20": (8, 3, 32, 32), "densenet_small": (8, 3, 32, 32)}
+# budget-independent rules: their own plan's peak is the budget they need
+FIXED = ("vdnn_all", "vdnn_conv", "checkpoint_sqrt", "superneurons")
+
+
+def optimizer():
+    return optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+
+def schedule_of(name):
+    g = trace(models.get(name), NETS[name], loss=nn.CrossEntropyLoss())
+    return build_schedule(g, optimizer=optimizer())
+
+
+def own_peak(name, policy, algorithms="auto"):
+    sched = schedule_of(name)
+    touch, cost = touches(sched), ProfileCost("cpu-2core")
+    algos = fastest(algorithm_options(sched, cost)) if algorithms == "auto" else {}  # as plan_memory starts
+    ev = get_policy(policy).evictions(sched, math.inf, cost, touch, algos)
+    return make_plan(sched, ev, cost, policy, touch=touch, algos=algos).peak_bytes
+
+
+def budget_for(name, policy, algorithms="auto"):
+    """A budget below the liveness peak that the policy meets: its own peak for the fixed rules,
+    vDNN_all's peak (the smallest of the layer-wise ones) for the budget-driven planners but the
+    recompute-only one (vDNN_conv's)."""
+    if policy == "none":
+        return plan_memory(schedule_of(name), MemoryConfig(algorithms=algorithms)).peak_bytes
+    return own_peak(name, policy if policy in FIXED else "vdnn_conv" if policy == "recompute" else "vdnn_all",
+                    algorithms)
+
+
+def run(name, memory):
+    rng = np.random.default_rng(1)
+    shape = NETS[name]
+    net = models.get(name).init_parameters(0)
+    trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optimizer(), memory=memory, trace_every=0)
+    losses = [trainer.step(rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0]))
+              for _ in range(3)]
+    return trainer, losses, {k: np.array(v) for k, v in net.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def unlimited():
+    return {name: run(name, MemoryConfig(algorithms="default")) for name in NETS}
+
+
+@pytest.mark.parametrize("name", list(NETS))
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_policy_trains_bitwise_like_unlimited_memory(unlimited, name, policy):
+    budget = budget_for(name, policy, "default")
+    trainer, losses, state = run(name, MemoryConfig(budget=budget, policy=policy, algorithms="default",
+                                                    poison=True, check=True))
+    _, ref_losses, ref_state = unlimited[name]
+    plan = trainer.plan
+    assert plan.peak_bytes <= budget and trainer.measured_peak_bytes == plan.peak_bytes
+    if policy != "none":
+        assert plan.evictions, f"{policy} at {budget} B should evict something"
+    assert losses == ref_losses
+    for k in ref_state:
+        assert np.array_equal(state[k], ref_state[k]), k
+
+
+@pytest.mark.parametrize("name", list(NETS))
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p not in ("auto", "none")])
+def test_the_plan_is_the_policys_own(name, policy):
+    sched = schedule_of(name)
+    rec = Recorded(get_policy(policy))
+    budget = budget_for(name, policy)
+    plan = plan_memory(sched, MemoryConfig(budget=budget, policy=rec))
+    assert rec.owns(plan), "plan_memory fell back to the minimum plan"
+    assert plan.peak_bytes <= budget
+    if policy not in ("swap", "recompute"):    # none of the papers evicts gradients
+        assert all(sched.tensors[t].category != ACT_GRAD for t, _ in plan.evictions)
+
+
+def test_budget_independent_rules_refuse_a_budget_below_their_peak():
+    sched = schedule_of("resnet20")
+    for policy in ("vdnn_all", "vdnn_conv", "checkpoint_sqrt"):   # (superneurons can trade workspace)
+        rec = Recorded(get_policy(policy))
+        try:
+            plan = plan_memory(sched, MemoryConfig(budget=own_peak("resnet20", policy) - 4096, policy=rec))
+        except mdn.MemoryBudgetError:
+            continue
+        assert not rec.owns(plan), policy
+
+
+def test_layerwise_rules():
+    sched = schedule_of("resnet20")
+    touch = touches(sched)
+    conv = layerwise_offloads(sched, touch, convs_only=True)
+    every = layerwise_offloads(sched, touch)
+    assert set(conv) < set(every)
+    end = max(s.index for s in sched.steps if s.kind == "forward")
+    backward = [s.index for s in sched.steps if s.kind == "backward"]
+    for (t, g), ev in every.items():
+        a, b = touch[t][g], touch[t][g + 1]
+        assert ev.kind == "offload" and a <= end < b            # forward -> backward only
+        assert b - ev.lead == max(i for i in backward if i < b)  # prefetched one backward layer ahead
+    for s in sched.steps:
+        if s.kind == "forward" and s.node.op.name == "conv2d" and s.ins[0] in touch and touch[s.ins[0]][-1] > end:
+            assert any(t == s.ins[0] for t, _ in conv)
+
+
+def test_checkpoint_segments_are_about_sqrt_n():
+    sched = schedule_of("resnet20")
+    touch = touches(sched)
+    n = sum(s.kind == "forward" for s in sched.steps)
+    cuts, _ = CheckpointSqrt.cuts(sched, touch)
+    assert abs(len(cuts) + 1 - math.sqrt(n)) <= 2
+    assert all(ev.kind == "recompute" for ev in CheckpointSqrt().decisions(sched, touch).values())
+
+
+def test_unknown_policy_lists_the_known_ones():
+    with pytest.raises(ValueError) as e:
+        plan_memory(schedule_of("resnet20"), MemoryConfig(budget=0.5, policy="vdnn_everything"))
+    for name in POLICIES:
+        assert name in str(e.value)
+    for name in POLICIES:
+        assert get_policy(name).name == name or name in ("swap", "recompute")
