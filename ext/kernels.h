@@ -42,4 +42,22 @@ void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,
 void relu_backward(py::object y, py::object gy, py::object gx);
 void add_inplace(py::object dst, py::object src);
 
+// conv_direct.cpp ----------------------------------------------------------
+void conv2d_direct_forward(py::object x, py::object w, py::object b, py::object y, index_t sh,
+                           index_t sw, index_t ph, index_t pw, index_t dh, index_t dw,
+                           index_t groups);
+void conv2d_direct_backward_data(py::object gy, py::object w, py::object gx, index_t sh,
+                                 index_t sw, index_t ph, index_t pw, index_t dh, index_t dw,
+                                 index_t groups);
+void conv2d_direct_backward_filter(py::object x, py::object gy, py::object gw, index_t sh,
+                                   index_t sw, index_t ph, index_t pw, index_t dh, index_t dw,
+                                   index_t groups);
+void conv2d_bias_grad(py::object gy, py::object gb);
+void conv2d_add_bias(py::object y, py::object b);
+
+// winograd.cpp -------------------------------------------------------------
+void winograd_filter_transform(py::object w, py::object u, bool flip);
+void winograd_input_transform(py::object x, py::object v, index_t ph, index_t pw);
+void winograd_output_transform(py::object m, py::object y, py::object b);
+
 }  // namespace minidnn

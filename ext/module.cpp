@@ -111,6 +111,56 @@ PYBIND11_MODULE(_C, m) {
           "add_inplace(dst, src) -> None\n\n"
           "dst += src elementwise (any shapes with the same number of elements).");
 
+#define CONV_ARGS "sh"_a, "sw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a, "groups"_a = 1
+    m.def("conv2d_direct_forward", &minidnn::conv2d_direct_forward, "x"_a, "w"_a, "b"_a, "y"_a,
+          CONV_ARGS,
+          "conv2d_direct_forward(x, w, b, y, sh, sw, ph, pw, dh, dw, groups=1) -> None\n\n"
+          "Direct convolution with no workspace: OVERWRITES y (N, O, OH, OW) with the\n"
+          "convolution of x (N, C, H, W) by w (O, C/groups, kh, kw) plus b (O,) (b may be\n"
+          "None). Kernels up to 32x32; parallel over (sample, output row, channel block).");
+
+    m.def("conv2d_direct_backward_data", &minidnn::conv2d_direct_backward_data, "gy"_a, "w"_a,
+          "gx"_a, CONV_ARGS,
+          "conv2d_direct_backward_data(gy, w, gx, sh, sw, ph, pw, dh, dw, groups=1) -> None\n\n"
+          "OVERWRITES gx (N, C, H, W) with the gradient of the convolution with respect to\n"
+          "its input, given gy (N, O, OH, OW) and w (O, C/groups, kh, kw); no workspace.\n"
+          "Also the forward of the transposed convolution (gx may be larger than the\n"
+          "convolution of gy needs, as with output_padding).");
+
+    m.def("conv2d_direct_backward_filter", &minidnn::conv2d_direct_backward_filter, "x"_a, "gy"_a,
+          "gw"_a, CONV_ARGS,
+          "conv2d_direct_backward_filter(x, gy, gw, sh, sw, ph, pw, dh, dw, groups=1) -> None\n\n"
+          "OVERWRITES gw (O, C/groups, kh, kw) with the gradient of the convolution with\n"
+          "respect to its filter, given x (N, C, H, W) and gy (N, O, OH, OW); no workspace.\n"
+          "Each gw entry is summed by one thread in a fixed order.");
+
+    m.def("conv2d_bias_grad", &minidnn::conv2d_bias_grad, "gy"_a, "gb"_a,
+          "conv2d_bias_grad(gy, gb) -> None\n\n"
+          "OVERWRITES gb (C,) with the sum of gy (N, C, *spatial) over every axis but 1\n"
+          "(float64 accumulation, fixed order).");
+
+    m.def("conv2d_add_bias", &minidnn::conv2d_add_bias, "y"_a, "b"_a,
+          "conv2d_add_bias(y, b) -> None\n\n"
+          "y[:, c] += b[c] for y (N, C, *spatial) and b (C,), in place.");
+
+    m.def("winograd_filter_transform", &minidnn::winograd_filter_transform, "w"_a, "U"_a,
+          "flip"_a = false,
+          "winograd_filter_transform(w, U, flip=False) -> None\n\n"
+          "Winograd F(2x2,3x3) filter transform G g G^T of w (O, C, 3, 3) into U (16, O, C);\n"
+          "with flip, of the backward-data filter rot180(w[o, c]) into U (16, C, O).");
+
+    m.def("winograd_input_transform", &minidnn::winograd_input_transform, "x"_a, "V"_a, "ph"_a,
+          "pw"_a,
+          "winograd_input_transform(x, V, ph, pw) -> None\n\n"
+          "Winograd F(2x2,3x3) input transform B^T d B of the 4x4 tiles of x (N, C, H, W)\n"
+          "padded by (ph, pw) into V (16, C, N*TH*TW), TH = ceil(OH/2), OH = H + 2*ph - 2.");
+
+    m.def("winograd_output_transform", &minidnn::winograd_output_transform, "M"_a, "y"_a,
+          "b"_a = py::none(),
+          "winograd_output_transform(M, y, b=None) -> None\n\n"
+          "Winograd F(2x2,3x3) output transform A^T m A of M (16, O, N*TH*TW) into y\n"
+          "(N, O, OH, OW), OVERWRITTEN, plus b (O,) when given.");
+
     m.def("get_num_threads", &minidnn::get_num_threads,
           "get_num_threads() -> int\n\nNumber of OpenMP threads the kernels use (1 without "
           "OpenMP).");

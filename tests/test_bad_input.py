@@ -231,7 +231,8 @@ def test_nan_loss_under_a_tight_budget_then_training_continues():
                             memory=minidnn.MemoryConfig(budget=e.value.minimum_bytes, check=True, poison=True,
                                                         algorithms="default", sub_batching=False))
     assert {"offload", "prefetch"} <= {s.kind for s in tight.plan.steps}
-    ref = minidnn.compile(LeNet().init_parameters(0), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9))
+    ref = minidnn.compile(LeNet().init_parameters(0), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9),
+                          memory=minidnn.MemoryConfig(algorithms="default"))
     x, y = good_batch()
     assert tight.step(x, y) == ref.step(x, y)
     before = snapshot(tight.net)
@@ -277,7 +278,7 @@ def test_budget_below_the_liveness_plan_peak_without_eviction():
     peak = unlimited.plan.peak_bytes            # the liveness-only plan: nothing evicted
     with pytest.raises(minidnn.MemoryBudgetError) as e:
         minidnn.compile(LeNet(), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1),
-                        memory=minidnn.MemoryConfig(budget=peak - 1, policy="none"))
+                        memory=minidnn.MemoryConfig(budget=peak - 1, policy="none", sub_batching=False))
     assert e.value.minimum_bytes == peak
     assert f"({peak} B)" in str(e.value) and f"({peak - 1} B)" in str(e.value)
     assert isinstance(e.value, ValueError)

@@ -275,7 +275,8 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     # the key separates pass, dtype, backend and shape
     op64, _, s64, o64, _ = make("s2_p1", np.float64)
     others = {c.key(op, in_specs, out_specs, "backward", "cpu"), c.key(op64, s64, o64, "forward", "cpu"),
-              c.key(op, in_specs, out_specs, "forward", "cuda"), c.key(Conv2dOp(1, 1), in_specs, out_specs, "forward", "cpu")}
+              c.key(op, in_specs, out_specs, "forward", "cuda"),
+              c.key(Conv2dOp(1, 1), in_specs, out_specs, "forward", "cpu")}
     assert k not in others and len(others) == 4
     assert "cores" in k and '"float32"' in k
 

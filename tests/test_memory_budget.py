@@ -19,7 +19,7 @@ from minidnn.memory import MemoryConfig, minimum_bytes, plan_memory
 NETS = {
     # ResNet-18's CIFAR topology at a quarter of the width, so that activations, not the
     # 11M parameters, dominate memory at a test-sized batch
-    "resnet18_cifar": (lambda: models.get("resnet18_cifar", widths=(16, 32, 64, 128)), (16, 3, 32, 32)),
+    "resnet18_cifar": (lambda: models.get("resnet18_cifar", widths=(16, 32, 64, 128)), (32, 3, 32, 32)),
     "densenet_small": (lambda: models.get("densenet_small"), (16, 3, 32, 32)),
 }
 

@@ -21,6 +21,7 @@ from minidnn.memory.baselines import CheckpointSqrt, Recorded, layerwise_offload
 from minidnn.memory.planner import algorithm_options, fastest, make_plan
 from minidnn.memory.policies import POLICIES, get_policy
 from minidnn.memory.program import touches
+from minidnn.memory.subbatch import SubBatchPlan
 from minidnn.schedule import ACT_GRAD
 
 NETS = {"resnet20": (8, 3, 32, 32), "densenet_small": (8, 3, 32, 32)}
@@ -78,9 +79,14 @@ def test_every_policy_trains_bitwise_like_unlimited_memory(unlimited, name, poli
                                                     poison=True, check=True))
     _, ref_losses, ref_state = unlimited[name]
     plan = trainer.plan
+    assert not isinstance(plan, SubBatchPlan)
     assert plan.peak_bytes <= budget and trainer.measured_peak_bytes == plan.peak_bytes
     if policy != "none":
         assert plan.evictions, f"{policy} at {budget} B should evict something"
+    if policy not in ("auto", "none"):         # the policy's own plan, not the planner's fallback
+        rec = Recorded(get_policy(policy))
+        plan_memory(schedule_of(name), MemoryConfig(budget=budget, policy=rec, algorithms="default"))
+        assert rec.owns(plan)
     assert losses == ref_losses
     for k in ref_state:
         assert np.array_equal(state[k], ref_state[k]), k

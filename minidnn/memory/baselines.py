@@ -1,33 +1,31 @@
 """The memory policies of the papers minidnn is measured against, as small planners.
 
 Each is an object with ``name`` and ``evictions(schedule, limit, cost, touch)``
-(and, where the paper picks convolution algorithms, ``choose(...)`` which also
-returns the algorithms), producing the same eviction decisions - and through
-``plan_memory`` the same :class:`Plan` - as minidnn's own ``auto``. They
-return None when their rule cannot meet ``limit``.
+(and ``choose(...)``, which also returns the convolution algorithms, where the
+paper picks them); through ``plan_memory`` each yields the same :class:`Plan`
+as minidnn's own ``auto``, and None where its rule cannot meet ``limit``.
 
-The papers' unit is a layer; here it is a forward step of the schedule (one
-node: a convolution, a BatchNorm, a ReLU are separate layers, as in cuDNN-based
-frameworks). Their "offload a layer's data after the forward, bring it back
-for the backward" is the gap of a tensor that spans the end of the forward
-pass (its last forward touch to its first backward touch); a value with
-several consumers (residual adds, concatenations) is offloaded after the last
-of them, as everywhere in minidnn. Gradients are never evicted (none of the
-papers does). Three things the papers do are not expressible here:
+The papers' unit is a layer; here it is a forward step of the schedule (a
+convolution, a BatchNorm, a ReLU are separate layers, as in cuDNN-based
+frameworks). "Offload a layer's data after the forward, bring it back for the
+backward" is the gap of a tensor that spans the end of the forward pass (last
+forward touch to first backward touch); a value with several consumers
+(residual adds, concatenations) is offloaded after the last of them. No policy
+here evicts gradients (none of the papers does). Where minidnn differs:
 
-- *sub-batching* (moDNN): the executor runs whole batches;
-- *speed-centric recomputation* (Chen et al.; SuperNeurons' speed mode): the
-  lowering restores each dropped tensor just before its own backward use and
-  drops the chain it recomputed on the way, so a segment of k dropped tensors
-  costs up to k(k+1)/2 forward steps instead of k - SuperNeurons'
-  *memory-centric* mode. Memory is never above the papers' figure, time may be;
-- offloads are issued after the step that last reads a tensor, not while it
-  runs; each is held one more step (``delay=1``) so that its copy overlaps the
-  next layer, which is where vDNN's copy of a layer's input overlaps that layer.
-
-``plan_memory`` retimes every policy's offloads (its ``_hide_transfers``) and
-keeps the retimed plan when it fits and is predicted faster, so the baselines
-are measured with transfers no worse hidden than their papers'.
+- recomputation is *memory-centric* (SuperNeurons' term): the lowering restores
+  each dropped tensor just before its own backward use and drops the chain it
+  recomputed on the way, so a segment of k dropped tensors costs up to
+  k(k+1)/2 forward steps, not k (Chen et al.'s and SuperNeurons' speed-centric
+  mode). Memory is never above the papers' figure; time may be;
+- an offload is issued after the step that last reads the tensor, not while it
+  runs; it is held one more step (``delay=1``) so that its copy overlaps the
+  next layer, as vDNN's copy of a layer's input overlaps that layer;
+- ``plan_memory`` retimes every policy's offloads (``_hide_transfers``) and
+  keeps the retimed plan when it fits and is faster, so the baselines' copies
+  are hidden at least as well as in their papers;
+- sub-batching (moDNN) is the trainer's, for any policy, when ``plan_memory``
+  raises MemoryBudgetError.
 """
 from __future__ import annotations
 
@@ -171,11 +169,10 @@ class VDNN(_Baseline):
     offloaded during the forward once no later layer reads it, and prefetched during the backward
     of the layer one step later in the network, so that it arrives for its own layer's backward.
     Chosen for values with several consumers (the paper's nets are chains): such a value is in the
-    set if any of its consumers is, is offloaded after the last of them, and is prefetched one layer
-    ahead of the first backward that reads it. Budget-independent; None if the fixed set does not fit. Algorithms: the fastest
-    ("performance-optimal", the paper's (p) configuration). Only inputs that a backward reads are
-    offloaded (a ReLU's input is dead after its forward; the paper also only moves what the
-    backward needs).
+    set if any of its consumers is, is offloaded after the last of them, and is prefetched one
+    layer ahead of the first backward that reads it. Only inputs that a backward reads are
+    offloaded (a ReLU's input is dead after its forward). Algorithms: the fastest (the paper's
+    "performance-optimal" configuration). Budget-independent; None if the fixed set does not fit.
     """
 
     def __init__(self, convs_only):
@@ -279,43 +276,109 @@ class SuperNeurons(_Baseline):
     (their transfers hide behind the convolutions) + cost-aware recomputation of cheap layers.
 
     Rule: every convolution's output is offloaded after its last forward use and prefetched one
-    backward layer ahead; the outputs of the cheap layers (BatchNorm, activations, pooling) are
-    dropped after the forward and recomputed from the nearest convolution output; everything else
-    (adds, concatenations, linear layers, dropout) is freed by liveness only. Chosen where the
-    paper leaves it open: add and concatenation are not "cheap" (the paper lists POOL, ACT, BN,
-    LRN); BatchNorm's per-channel statistics stay (only feature maps are recomputed);
-    recomputation is memory-centric (the paper picks per segment; see the module notes).
+    backward layer ahead of the first backward that needs it (read it, or recompute from it); the
+    outputs of the cheap layers (BatchNorm, activations, pooling) are dropped after the forward
+    and recomputed from the nearest convolution output; everything else (adds, concatenations,
+    linear layers, dropout) is freed by liveness only. Chosen where the paper leaves it open or
+    where minidnn's graph differs from its Caffe-style one:
+
+    - an activation that is a convolution's only consumer runs in place in Caffe, so its output
+      *is* the convolution's output: that output is the one offloaded (VGG's conv+ReLU);
+    - a cheap output is dropped only if it can be recomputed from tensors on the device or on the
+      host through cheap layers alone (never re-running a convolution); otherwise it stays;
+    - add and concatenation are not "cheap" (the paper lists POOL, ACT, BN, LRN); BatchNorm's
+      per-channel statistics stay (only feature maps are recomputed);
+    - recomputation is memory-centric (the paper picks per segment; see the module notes).
+
     Budget-independent like the paper's policy; with several convolution algorithms, the one at
     the peak gets a smaller workspace until the plan fits (the paper's dynamic workspace).
     """
 
     name = "superneurons"
+    ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
 
     def evictions(self, schedule, limit, cost, touch, algos=None):
         return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
 
     def choose(self, schedule, limit, cost, touch, options, algos):
         f = _Facts(schedule, touch)
-        ev = {}
+        consumers = defaultdict(list)
         for s in f.forward:
-            op = s.node.op.name
+            for u in dict.fromkeys(s.ins):
+                consumers[u].append(s)
+        checkpoints = set()
+        for s in f.forward:
+            if s.node.op.name in CONV_OPS:
+                t = s.outs[0]
+                while len(consumers[t]) == 1 and consumers[t][0].node.op.name in self.ACTIVATIONS:
+                    t = consumers[t][0].outs[0]
+                checkpoints.add(t)
+        ev, dropped = {}, set()
+
+        def cheaply(t, at, depth=0):
+            """Can ``t`` be brought back at step ``at`` through cheap layers from what is kept?"""
+            src = f.producer.get(t)
+            if src is None or src.node.op.name not in CHEAP_OPS or not src.node.op.recomputable or depth > 8:
+                return False
+            for u in src.ins:
+                if u is None or schedule.tensors[u].persistent or (u, f.crossing(u)) in ev and u not in dropped:
+                    continue                              # persistent, or offloaded
+                ts = touch[u]
+                if u not in dropped and ts[0] <= at <= ts[-1]:
+                    continue                              # on the device then
+                if not cheaply(u, at, depth + 1):
+                    return False
+            return True
+
+        for s in f.forward:
             for t in s.outs:
                 g = f.crossing(t)
                 if g is None:
                     continue
-                if op in CONV_OPS:
+                if t in checkpoints:
                     ev.update(f.offload(t))
-                elif op in CHEAP_OPS and s.node.op.recomputable and _feature_map(schedule, s, t):
+                elif (s.node.op.name in CHEAP_OPS and _feature_map(schedule, s, t)
+                      and cheaply(t, touch[t][g + 1])):
                     ev[(t, g)] = Evict("recompute")
+                    dropped.add(t)
+        self._prefetch_for_recompute(f, ev)
         chosen = downgrade_at_peak(schedule, ev, touch, options, algos, limit)
         return (None, None) if chosen is None else (ev, chosen)
+
+    @staticmethod
+    def _prefetch_for_recompute(f, ev):
+        """A convolution output is the checkpoint its cheap successors are recomputed from: prefetch
+        it one layer ahead of the first such recomputation, not of its own backward (else that
+        recomputation would wait for a copy issued on the spot)."""
+        offloaded = {t: g for (t, g), e in ev.items() if e.kind == "offload"}
+        dropped = {t for (t, _), e in ev.items() if e.kind == "recompute"}
+        need = {}
+
+        def walk(t, at, depth=0):
+            src = f.producer.get(t)
+            for u in (src.ins if src is not None and depth < 8 else ()):
+                if u is None or f.schedule.tensors[u].persistent:
+                    continue
+                if u in offloaded:
+                    need[u] = min(need.get(u, at), at)
+                elif u in dropped or f.touch[u][-1] < at:     # not on the device then: recomputed too
+                    walk(u, at, depth + 1)
+
+        for (t, g), e in ev.items():
+            if e.kind == "recompute":
+                walk(t, f.touch[t][g + 1])
+        for t, at in need.items():
+            g = offloaded[t]
+            b = f.touch[t][g + 1]
+            if at < b:
+                ev[(t, g)] = Evict("offload", delay=1, lead=b - at + f.one_layer_ahead(at))
 
 
 # -- moDNN -----------------------------------------------------------------------------------
 class MoDNN(_Baseline):
     """Chen, Chen, Hu, "moDNN: Memory Optimal DNN Training on GPUs" (DATE 2018): offload/prefetch
-    heuristics with convolution algorithm selection (and sub-batching, not available here: the
-    executor runs whole batches).
+    heuristics with convolution algorithm selection (its sub-batching is the trainer's, see the
+    module notes).
 
     Rule, as implemented: at the step where the most bytes are live, offload the largest feature
     map idle across it (its forward-to-backward gap; ties: the one produced earliest, whose long

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import MemoryBudgetError
 from .config import format_bytes
-from .planner import minimum_bytes, plan_memory
+from .planner import plan_memory
 
 
 @dataclass
@@ -75,10 +75,14 @@ def plan_sub_batches(batch, schedules_for, config, cost=None) -> SubBatchPlan:
             tried_after += 1
         if best is None or plan.predicted_seconds < best.predicted_seconds:
             best = plan
-    if best is None:
+    if best is None:                       # the smallest split's errors name the minimum and its step
         sub_sched, upd_sched = schedules_for(1)
-        minimum = max(minimum_bytes(sub_sched, config, cost), minimum_bytes(upd_sched, config, cost))
-        raise MemoryBudgetError(
-            f"budget {format_bytes(budget)} ({budget} B) is below the minimum feasible {format_bytes(minimum)} "
-            f"({minimum} B) even with sub-batches of 1 sample", minimum)
+        errors = []
+        for sched in (sub_sched, upd_sched):
+            try:
+                plan_memory(sched, config, cost)
+            except MemoryBudgetError as e:
+                errors.append(e)
+        worst = max(errors, key=lambda e: e.minimum_bytes)
+        raise MemoryBudgetError(f"{worst}, even with sub-batches of 1 sample", worst.minimum_bytes, budget)
     return best

@@ -1,10 +1,13 @@
-"""2-D convolution and transposed convolution: im2col + one GEMM over the batch.
+"""2-D convolution and transposed convolution.
 
 Layouts are PyTorch's: x (N, C, H, W), weight (O, C/groups, kh, kw) for Conv2d
-and (C, O/groups, kh, kw) for ConvTranspose2d. The batch is folded into the
-GEMM's columns (cols is (C*kh*kw, N*OH*OW)), so each pass is one large GEMM
-per group; the column matrix and the channel-major output live in the op's
-workspace, which the planner places in the arena like any other buffer.
+and (C, O/groups, kh, kw) for ConvTranspose2d. The default algorithm folds the
+batch into the GEMM's columns (cols is (C*kh*kw, N*OH*OW)), so each pass is
+one large GEMM per group; the column matrix and the channel-major output live
+in the op's workspace, which the planner places in the arena like any other
+buffer. Other algorithms (:mod:`.conv_algos`) trade workspace for speed; the
+executor names one in ``ctx.algo`` (None: the default), and
+:meth:`Conv2dOp.algorithms` lists them with their workspace.
 """
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Spec
-from .base import Op, apply, carve, nbytes_of, same_float
+from . import conv_algos
+from .base import Algo, Op, apply, carve, nbytes_of, same_float
 
 
 def _pair(v):
@@ -30,10 +34,6 @@ class Conv2dOp(Op):
     def __init__(self, stride=1, padding=0, dilation=1, groups=1):
         self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
         self.groups = groups
-
-    def _geom(self, x, w):
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = w.shape[2:], self.stride, self.padding, self.dilation
-        return kh, kw, sh, sw, ph, pw, dh, dw
 
     def infer(self, x, w, b=None):
         dt = same_float(x, w, *([b] if b is not None else []))
@@ -54,52 +54,30 @@ class Conv2dOp(Op):
                              f"(padding {self.padding}, dilation {self.dilation})")
         return [Spec((n, o, oh, ow), dt)]
 
-    def _scratch(self, x, w, y):
-        n, c = x.shape[:2]
-        o, cg, kh, kw = w.shape
-        l = y.shape[2] * y.shape[3]
-        return [((c * kh * kw, n * l), x.dtype), ((o, n * l), x.dtype)]
-
     def workspace(self, ins, outs):
-        return nbytes_of(self._scratch(ins[0], ins[1], outs[0]))
+        """The default algorithm's (whole-batch im2col) workspace; see :meth:`algorithms`."""
+        return conv_algos.workspace(conv_algos.Geom.of(self, ins[0], ins[1], outs[0]), conv_algos.DEFAULT, "forward")
 
-    backward_workspace = workspace
+    def backward_workspace(self, ins, outs):
+        return conv_algos.workspace(conv_algos.Geom.of(self, ins[0], ins[1], outs[0]), conv_algos.DEFAULT, "backward")
 
     def flops(self, ins, outs):
         o, cg, kh, kw = ins[1].shape
         return 2.0 * np.prod(outs[0].shape) * cg * kh * kw
 
+    def algorithms(self, in_specs, out_specs, pass_) -> list:
+        """The algorithms that apply to this layer for ``pass_`` ("forward" or
+        "backward"), each with the workspace its step needs; the default first."""
+        return conv_algos.algorithms(conv_algos.Geom.of(self, in_specs[0], in_specs[1], out_specs[0]), pass_)
+
     def forward(self, ctx, ins, outs, ws):
-        x, w = ins[0], ins[1]
-        y = outs[0]
-        g = self.groups
-        cols, yt = carve(ws, self._scratch(x, w, y))
-        ctx.k.im2col(x, cols, *self._geom(x, w))
-        o = w.shape[0]
-        np.matmul(w.reshape(g, o // g, -1), cols.reshape(g, cols.shape[0] // g, -1),
-                  out=yt.reshape(g, o // g, -1))
-        ctx.k.cn_to_nchw(yt, y, False)
-        if len(ins) > 2:
-            y += ins[2].reshape(1, -1, 1, 1)
+        b = ins[2] if len(ins) > 2 else None
+        conv_algos.forward(self, ctx.k, ins[0], ins[1], b, outs[0], ws, getattr(ctx, "algo", None))
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        x, w = ins[0], ins[1]
-        gy = gouts[0]
-        g = self.groups
-        o = w.shape[0]
-        cols, gyt = carve(ws, self._scratch(x, w, gy))
-        ctx.k.nchw_to_cn(gy, gyt)
-        gyt3 = gyt.reshape(g, o // g, -1)
-        if len(gins) > 2 and gins[2] is not None:
-            np.sum(gyt, axis=1, out=gins[2])
-        if gins[1] is not None:
-            ctx.k.im2col(x, cols, *self._geom(x, w))
-            cols3 = cols.reshape(g, cols.shape[0] // g, -1)
-            np.matmul(gyt3, cols3.transpose(0, 2, 1), out=gins[1].reshape(g, o // g, -1))
-        if gins[0] is not None:
-            w3 = w.reshape(g, o // g, -1)
-            np.matmul(w3.transpose(0, 2, 1), gyt3, out=cols.reshape(g, cols.shape[0] // g, -1))
-            ctx.k.col2im(cols, gins[0], *self._geom(x, w))
+        gb = gins[2] if len(gins) > 2 else None
+        conv_algos.backward(self, ctx.k, ins[0], ins[1], gouts[0], gins[0], gins[1], gb, ws,
+                            getattr(ctx, "algo", None))
 
 
 class ConvTranspose2dOp(Op):
@@ -151,9 +129,31 @@ class ConvTranspose2dOp(Op):
         ci, og, kh, kw = ins[1].shape
         return 2.0 * np.prod(ins[0].shape) * og * kh * kw
 
+    def algorithms(self, in_specs, out_specs, pass_) -> list:
+        """"im2col" (the default) and "direct" (no workspace), for either pass."""
+        if pass_ not in ("forward", "backward"):
+            raise ValueError(f"pass must be 'forward' or 'backward', got {pass_!r}")
+        return [Algo("im2col", self.workspace(in_specs, out_specs)), Algo("direct", 0, 2.5)]
+
+    def _algo(self, ctx):
+        name = getattr(ctx, "algo", None) or "im2col"
+        if name not in ("im2col", "direct"):
+            raise ValueError(f"unknown algorithm {name!r} for conv_transpose2d (im2col, direct)")
+        return name
+
+    # The transposed convolution's forward is Conv2d's backward-data, its
+    # backward-data Conv2d's forward, its filter gradient Conv2d's with x and gy swapped.
+    def _conv_args(self):
+        return (*self.stride, *self.padding, *self.dilation, self.groups)
+
     def forward(self, ctx, ins, outs, ws):
         x, w = ins[0], ins[1]
         y = outs[0]
+        if self._algo(ctx) == "direct":
+            ctx.k.conv2d_direct_backward_data(x, w, y, *self._conv_args())
+            if len(ins) > 2:
+                ctx.k.conv2d_add_bias(y, ins[2])
+            return
         g = self.groups
         ci = w.shape[0]
         cols, xt = carve(ws, self._scratch(x, w, y))
@@ -168,6 +168,14 @@ class ConvTranspose2dOp(Op):
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         x, w = ins[0], ins[1]
         gy = gouts[0]
+        if self._algo(ctx) == "direct":
+            if len(gins) > 2 and gins[2] is not None:
+                ctx.k.conv2d_bias_grad(gy, gins[2])
+            if gins[1] is not None:
+                ctx.k.conv2d_direct_backward_filter(gy, x, gins[1], *self._conv_args())
+            if gins[0] is not None:
+                ctx.k.conv2d_direct_forward(gy, w, None, gins[0], *self._conv_args())
+            return
         g = self.groups
         ci = w.shape[0]
         cols, xt = carve(ws, self._scratch(x, w, gy))

@@ -1,0 +1,343 @@
+"""Convolution algorithms of the CPU backend, each with its own workspace and speed.
+
+A forward algorithm is one name; a backward step computes the data and the
+filter gradient, so its algorithm is a pair ``"data/filter"``, written as one
+name when both halves are the same family (``"direct"`` = direct/direct) and
+``"winograd"`` for winograd/im2col (Winograd has no filter-gradient pass).
+
+========================  ==========================================  ==========================
+name                      forward / backward-data / backward-filter   workspace
+========================  ==========================================  ==========================
+``im2col`` (default)      unfold the whole batch, one GEMM per group  C*kh*kw*N*L + O*N*L
+``im2col_chunk{k}``       the same over chunks of k samples           proportional to k (+ one
+                                                                      filter-sized partial)
+``direct``                C++ direct convolution, all three passes    0
+``gemm1x1``               1x1/stride 1/no padding: x is (C, H*W)      0 (backward-filter: one
+                          per sample, NumPy matmul into the output    filter-sized partial)
+``winograd``              F(2x2,3x3), 3x3 stride 1 groups 1:          16*(O*C + C*P + O*P)
+                          forward and backward-data                   P = N*ceil(OH/2)*ceil(OW/2)
+========================  ==========================================  ==========================
+
+Every algorithm writes only its outputs and its workspace, is deterministic
+run to run, and agrees with the others within float32 rounding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import Algo, carve, nbytes_of
+
+DEFAULT = "im2col"
+
+
+@dataclass(frozen=True)
+class Geom:
+    """The shape of one convolution, read from specs or arrays."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    groups: int
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, op, x, w, y):
+        return cls(*x.shape, w.shape[0], *w.shape[2:], *y.shape[2:], op.stride, op.padding,
+                   op.dilation, op.groups, np.dtype(x.dtype))
+
+    @property
+    def l(self):
+        return self.oh * self.ow
+
+    @property
+    def window(self):
+        return (self.kh, self.kw, *self.stride, *self.padding, *self.dilation)
+
+    @property
+    def conv_args(self):
+        return (*self.stride, *self.padding, *self.dilation, self.groups)
+
+    @property
+    def is_1x1(self):
+        return (self.kh, self.kw) == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
+
+    @property
+    def is_winograd(self):
+        return ((self.kh, self.kw) == (3, 3) and self.stride == (1, 1) and self.dilation == (1, 1)
+                and self.groups == 1)
+
+    @property
+    def winograd_data(self):   # backward-data as a Winograd conv padded by 2 - p
+        return self.is_winograd and max(self.padding) <= 2
+
+    @property
+    def direct(self):          # the C++ kernel keeps per-row tap tables of 32 entries
+        return self.kh <= 32 and self.kw <= 32
+
+
+def chunk_sizes(n):
+    """Chunk sizes listed for a batch of n: about n/2, n/4 and 1, each < n."""
+    return sorted({k for k in (-(-n // 2), -(-n // 4), 1) if k < n}, reverse=True)
+
+
+def split(name, pass_):
+    """(data, filter) halves of a backward name; (name, None) for a forward one."""
+    if pass_ == "forward":
+        return name, None
+    if pass_ != "backward":
+        raise ValueError(f"pass must be 'forward' or 'backward', got {pass_!r}")
+    if "/" in name:
+        d, f = name.split("/", 1)
+        return d, f
+    return (name, "im2col") if name == "winograd" else (name, name)
+
+
+def _family(part):
+    """('im2col', chunk or None) / ('direct', None) / ...; ValueError if unknown."""
+    if part == "im2col":
+        return "im2col", None
+    if part.startswith("im2col_chunk"):
+        k = part[len("im2col_chunk"):]
+        if k.isdigit() and int(k) >= 1:
+            return "im2col", int(k)
+    if part in ("direct", "gemm1x1", "winograd"):
+        return part, None
+    raise ValueError(f"unknown convolution algorithm {part!r}")
+
+
+def _check(g: Geom, part, role):
+    fam, k = _family(part)
+    ok = {"im2col": True, "direct": g.direct, "gemm1x1": g.is_1x1,
+          "winograd": g.is_winograd if role == "forward" else g.winograd_data and role == "data"}[fam]
+    if not ok:
+        raise ValueError(f"convolution algorithm {part!r} does not apply to the {role} pass of this layer "
+                         f"(kernel {g.kh}x{g.kw}, stride {g.stride}, padding {g.padding}, "
+                         f"dilation {g.dilation}, groups {g.groups})")
+    return fam, (min(k, g.n) if k else g.n)
+
+
+# ------------------------------------------------------------------ workspaces
+def _cols(g, k):
+    return [((g.c * g.kh * g.kw, k * g.l), g.dtype), ((g.o, k * g.l), g.dtype)]
+
+
+def _partials(g):   # a filter-sized and a bias-sized partial sum, for chunked filter gradients
+    return [((g.o, g.c // g.groups * g.kh * g.kw), g.dtype), ((g.o,), g.dtype)]
+
+
+def _tiles(n, oh, ow):
+    return n * -(-oh // 2) * -(-ow // 2)
+
+
+def _wino_fwd(g):
+    p = _tiles(g.n, g.oh, g.ow)
+    return [((16, g.o, g.c), g.dtype), ((16, g.c, p), g.dtype), ((16, g.o, p), g.dtype)]
+
+
+def _wino_data(g):
+    p = _tiles(g.n, g.h, g.w)
+    return [((16, g.c, g.o), g.dtype), ((16, g.o, p), g.dtype), ((16, g.c, p), g.dtype)]
+
+
+def _scratch(g, fam, k, role):
+    """The (shape, dtype) list a part carves from the workspace."""
+    if fam == "im2col":
+        return _cols(g, k) + (_partials(g) if role == "filter" and k < g.n else [])
+    if fam == "winograd":
+        return _wino_fwd(g) if role == "forward" else _wino_data(g)
+    if fam == "gemm1x1" and role == "filter" and g.n > 1:
+        return _partials(g)[:1]
+    return []
+
+
+def part_workspace(g: Geom, part, role) -> int:
+    """Bytes one half of a pass needs alone (role: "forward", "data" or "filter")."""
+    return nbytes_of(_scratch(g, *_check(g, part, role), role))
+
+
+def workspace(g: Geom, name, pass_) -> int:
+    """Bytes of workspace the named algorithm needs for this pass (ValueError if unknown)."""
+    d, f = split(name, pass_)
+    if f is None:
+        return nbytes_of(_scratch(g, *_check(g, d, "forward"), "forward"))
+    (fd, kd), (ff, kf) = _check(g, d, "data"), _check(g, f, "filter")
+    if fd == ff == "im2col" and kd == kf:     # one pass shares the transposed gradient
+        return nbytes_of(_scratch(g, ff, kf, "filter"))
+    return max(nbytes_of(_scratch(g, fd, kd, "data")), nbytes_of(_scratch(g, ff, kf, "filter")))
+
+
+def names(g: Geom, pass_):
+    """The algorithm names that apply to this layer and pass, the default first."""
+    chunks = [f"im2col_chunk{k}" for k in chunk_sizes(g.n)]
+    zero = (["direct"] if g.direct else []) + (["gemm1x1"] if g.is_1x1 else [])
+    if pass_ == "forward":
+        return ["im2col"] + chunks + zero + (["winograd"] if g.is_winograd else [])
+    if pass_ != "backward":
+        raise ValueError(f"pass must be 'forward' or 'backward', got {pass_!r}")
+    data = ["im2col"] + chunks + zero + (["winograd"] if g.winograd_data else [])
+    filt = ["im2col"] + chunks + zero
+    out = []
+    for d in data:
+        for f in filt:
+            if d != f and d.startswith("im2col") and f.startswith("im2col"):
+                continue              # dominated by the pair with one chunk size
+            if d == f:
+                out.append(d)
+            elif (d, f) == ("winograd", "im2col"):
+                out.append("winograd")
+            else:
+                out.append(f"{d}/{f}")
+    return out
+
+
+def algorithms(g: Geom, pass_):
+    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_)) for n in names(g, pass_)]
+
+
+# Time relative to the default, for cost models that do not measure: rounded
+# single-thread medians of scripts/bench_conv_cpu.py on ResNet-18 and VGG-16
+# layers (2-core AMD EPYC, float32); profile_conv measures the real thing.
+_SPEED = {"forward": {"im2col": 1.0, "direct": 1.6, "gemm1x1": 0.8, "winograd": 0.85},
+          "data": {"im2col": 1.0, "direct": 1.9, "gemm1x1": 0.8, "winograd": 0.9},
+          "filter": {"im2col": 1.0, "direct": 3.0, "gemm1x1": 1.0}}
+
+
+def _part_speed(g, part, role):
+    fam, k = _family(part)
+    sp = _SPEED[role][fam]
+    if fam == "im2col" and k is not None and k < g.n:
+        sp *= 1.0 + 0.1 * (k == 1 and g.n >= 8)   # many small GEMMs
+    if fam == "direct" and g.stride != (1, 1):
+        sp *= 1.8                                 # strided loads
+    if fam == "winograd":                         # the transforms dominate on small planes, few channels
+        sp *= (1.0 if g.oh * g.ow >= 28 * 28 else 1.4 if g.oh * g.ow >= 14 * 14 else 3.0)
+        sp *= 4.0 if min(g.c, g.o) < 16 else 1.0
+    return sp
+
+
+def speed(g: Geom, name, pass_) -> float:
+    """A rough time of the named algorithm relative to the default (1.0)."""
+    d, f = split(name, pass_)
+    if f is None:
+        return _part_speed(g, d, "forward")
+    return 0.5 * (_part_speed(g, d, "data") + _part_speed(g, f, "filter"))
+
+
+# ------------------------------------------------------------------ the passes
+def _chunks(n, k):
+    return [(a, min(a + k, n)) for a in range(0, n, k)]
+
+
+def forward(op, k, x, w, b, y, ws, name):
+    g = Geom.of(op, x, w, y)
+    fam, kc = _check(g, name or DEFAULT, "forward")
+    if fam == "im2col":
+        for a, e in _chunks(g.n, kc):
+            cols, yt = carve(ws, _cols(g, e - a))
+            k.im2col(x[a:e], cols, *g.window)
+            gr = g.groups
+            np.matmul(w.reshape(gr, g.o // gr, -1), cols.reshape(gr, cols.shape[0] // gr, -1),
+                      out=yt.reshape(gr, g.o // gr, -1))
+            k.cn_to_nchw(yt, y[a:e], False)
+        if b is not None:
+            k.conv2d_add_bias(y, b)
+    elif fam == "direct":
+        k.conv2d_direct_forward(x, w, b, y, *g.conv_args)
+    elif fam == "gemm1x1":
+        gr = g.groups
+        np.matmul(w.reshape(gr, g.o // gr, g.c // gr), x.reshape(g.n, gr, g.c // gr, g.h * g.w),
+                  out=y.reshape(g.n, gr, g.o // gr, g.l))
+        if b is not None:
+            k.conv2d_add_bias(y, b)
+    else:  # winograd
+        u, v, m = carve(ws, _wino_fwd(g))
+        k.winograd_filter_transform(w, u, False)
+        k.winograd_input_transform(x, v, *g.padding)
+        np.matmul(u, v, out=m)
+        k.winograd_output_transform(m, y, b)
+
+
+def backward(op, k, x, w, gy, gx, gw, gb, ws, name):
+    """Overwrite gx, gw, gb (each may be None) with the gradients given gy."""
+    g = Geom.of(op, x if x is not None else gx, w, gy)
+    d, f = split(name or DEFAULT, "backward")
+    (fd, kd), (ff, kf) = _check(g, d, "data"), _check(g, f, "filter")
+    want_data, want_filter = gx is not None, gw is not None or gb is not None
+    if fd == ff == "im2col" and kd == kf and want_data and want_filter:
+        _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kf)
+        return
+    if want_data:
+        if fd == "im2col":
+            _im2col_backward(g, k, None, w, gy, gx, None, None, ws, kd)
+        elif fd == "direct":
+            k.conv2d_direct_backward_data(gy, w, gx, *g.conv_args)
+        elif fd == "gemm1x1":
+            gr = g.groups
+            w3 = w.reshape(gr, g.o // gr, g.c // gr)
+            np.matmul(w3.transpose(0, 2, 1), gy.reshape(g.n, gr, g.o // gr, g.l),
+                      out=gx.reshape(g.n, gr, g.c // gr, g.h * g.w))
+        else:  # winograd: the gradient is a Winograd conv of gy by the flipped filter
+            u, v, m = carve(ws, _wino_data(g))
+            k.winograd_filter_transform(w, u, True)
+            k.winograd_input_transform(gy, v, 2 - g.padding[0], 2 - g.padding[1])
+            np.matmul(u, v, out=m)
+            k.winograd_output_transform(m, gx, None)
+    if want_filter:
+        if ff == "im2col":
+            _im2col_backward(g, k, x, None, gy, None, gw, gb, ws, kf)
+        elif ff == "direct":
+            if gw is not None:
+                k.conv2d_direct_backward_filter(x, gy, gw, *g.conv_args)
+            if gb is not None:
+                k.conv2d_bias_grad(gy, gb)
+        else:  # gemm1x1: one GEMM per sample, summed in sample order
+            if gw is not None:
+                gr = g.groups
+                x4 = x.reshape(g.n, gr, g.c // gr, g.l)
+                gy4 = gy.reshape(g.n, gr, g.o // gr, g.l)
+                gw3 = gw.reshape(gr, g.o // gr, g.c // gr)
+                part = carve(ws, _partials(g)[:1])[0].reshape(gw3.shape) if g.n > 1 else None
+                for i in range(g.n):
+                    np.matmul(gy4[i], x4[i].transpose(0, 2, 1), out=gw3 if i == 0 else part)
+                    if i:
+                        gw3 += part
+            if gb is not None:
+                k.conv2d_bias_grad(gy, gb)
+
+
+def _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kc):
+    """im2col backward over chunks of kc samples; computes what is not None."""
+    gr, o = g.groups, g.o
+    parts = None
+    if kc < g.n and (gw is not None or gb is not None):   # after the full-size chunk buffers
+        parts = carve(ws, _cols(g, kc) + _partials(g))[2:]
+    for ci, (a, e) in enumerate(_chunks(g.n, kc)):
+        cols, gyt = carve(ws, _cols(g, e - a))
+        k.nchw_to_cn(gy[a:e], gyt)
+        gyt3 = gyt.reshape(gr, o // gr, -1)
+        if gb is not None:
+            np.sum(gyt, axis=1, out=gb if ci == 0 else parts[1])
+            if ci:
+                gb += parts[1]
+        if gw is not None:
+            k.im2col(x[a:e], cols, *g.window)
+            cols3 = cols.reshape(gr, cols.shape[0] // gr, -1)
+            gw3 = gw.reshape(gr, o // gr, -1)
+            np.matmul(gyt3, cols3.transpose(0, 2, 1), out=gw3 if ci == 0 else parts[0].reshape(gw3.shape))
+            if ci:
+                gw += parts[0].reshape(gw.shape)
+        if gx is not None:
+            w3 = w.reshape(gr, o // gr, -1)
+            np.matmul(w3.transpose(0, 2, 1), gyt3, out=cols.reshape(gr, cols.shape[0] // gr, -1))
+            k.col2im(cols, gx[a:e], *g.window)

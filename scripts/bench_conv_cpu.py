@@ -1,0 +1,259 @@
+"""Convolution algorithms of the CPU backend on ResNet-18 and VGG-16 layer shapes.
+
+For every distinct convolution of each network: the median time (of --repeats
+runs, after one warm-up) and the workspace of each algorithm for the forward,
+backward-data and backward-filter passes, PyTorch's time for reference, and
+the algorithm a workspace selector would pick (the fastest whose workspace
+fits) under a loose (unlimited), a tight (--tight of the network's largest
+default workspace) and a zero budget. A backward pair is timed as the sum of
+its halves.
+
+    python scripts/bench_conv_cpu.py                 # ~2 minutes on 2 cores
+    python scripts/bench_conv_cpu.py --quick         # smaller batches, seconds
+    python scripts/bench_conv_cpu.py --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import types
+
+import numpy as np
+
+import minidnn._C as K
+from minidnn.graph import Spec
+from minidnn.ops import conv_algos
+from minidnn.ops.conv import Conv2dOp
+
+MiB = 1 << 20
+
+
+def resnet18(n, size):
+    """(name, count, N, C, H, O, k, stride, pad) of torchvision's ResNet-18 (or the CIFAR stem)."""
+    out = []
+    if size >= 64:
+        out.append(("conv1 7x7/2", 1, n, 3, size, 64, 7, 2, 3))
+        h = size // 4
+    else:
+        out.append(("conv1 3x3", 1, n, 3, size, 64, 3, 1, 1))
+        h = size
+    c = 64
+    for i, width in enumerate((64, 128, 256, 512)):
+        if i:
+            out.append((f"layer{i + 1}.0.conv1 3x3/2", 1, n, c, h, width, 3, 2, 1))
+            out.append((f"layer{i + 1}.0.down 1x1/2", 1, n, c, h, width, 1, 2, 0))
+            h //= 2
+            out.append((f"layer{i + 1} 3x3", 3, n, width, h, width, 3, 1, 1))
+        else:
+            out.append(("layer1 3x3", 4, n, c, h, width, 3, 1, 1))
+        c = width
+    return out
+
+
+def vgg16(n, size):
+    out, c, h = [], 3, size
+    for stage, (width, reps) in enumerate(((64, 2), (128, 2), (256, 3), (512, 3), (512, 3))):
+        out.append((f"s{stage + 1} {c}->{width}", 1, n, c, h, width, 3, 1, 1))
+        if reps > 1:
+            out.append((f"s{stage + 1} {width}->{width}", reps - 1, n, width, h, width, 3, 1, 1))
+        c, h = width, h // 2
+    return out
+
+
+def columns(n):
+    return ["im2col"] + [f"im2col_chunk{k}" for k in conv_algos.chunk_sizes(n)] + ["direct", "gemm1x1", "winograd"]
+
+
+def short(name):
+    if name.startswith("im2col_chunk"):
+        k = int(name[len("im2col_chunk"):])
+        return "chunk1" if k == 1 else f"chunk{k}"
+    return name
+
+
+def median_time(fn, repeats):
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def bench_layer(spec, repeats, torch):
+    name, count, n, c, h, o, k, s, p = spec
+    op = Conv2dOp(s, p)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, c, h, h), dtype=np.float32)
+    w = rng.standard_normal((o, c, k, k), dtype=np.float32) * 0.1
+    xs, ws_ = Spec(x.shape, x.dtype), Spec(w.shape, w.dtype)
+    (ys,) = op.infer(xs, ws_)
+    y = np.empty(ys.shape, np.float32)
+    gy = rng.standard_normal(ys.shape, dtype=np.float32)
+    gx, gw = np.empty_like(x), np.empty_like(w)
+    g = conv_algos.Geom.of(op, xs, ws_, ys)
+    fwd = {a.name: a for a in op.algorithms([xs, ws_], [ys], "forward")}
+    bwd = {a.name: a for a in op.algorithms([xs, ws_], [ys], "backward")}
+    res = {"layer": name, "count": count, "shape": [n, c, h, h, o, k, s, p], "out": list(ys.shape),
+           "forward": {}, "data": {}, "filter": {}, "ws_forward": {}, "ws_data": {}, "ws_filter": {},
+           "backward_pairs": {}}
+    big = np.empty(max(a.workspace for a in list(fwd.values()) + list(bwd.values())), np.uint8)
+
+    def ctx(a):
+        return types.SimpleNamespace(k=K, rng=None, recompute=False, algo=a)
+
+    for a in fwd.values():
+        res["forward"][a.name] = median_time(lambda: op.forward(ctx(a.name), [x, w], [y], big[:a.workspace]), repeats)
+        res["ws_forward"][a.name] = a.workspace
+    data_parts = {conv_algos.split(nm, "backward")[0] for nm in bwd}
+    filt_parts = {conv_algos.split(nm, "backward")[1] for nm in bwd}
+    for d in sorted(data_parts):
+        res["ws_data"][d] = conv_algos.part_workspace(g, d, "data")
+        res["data"][d] = median_time(
+            lambda: op.backward(ctx(f"{d}/im2col"), [x, w], [None], [gy], [gx, None], big), repeats)
+    for f in sorted(filt_parts):
+        res["ws_filter"][f] = conv_algos.part_workspace(g, f, "filter")
+        res["filter"][f] = median_time(
+            lambda: op.backward(ctx(f"im2col/{f}"), [x, w], [None], [gy], [None, gw], big), repeats)
+    for nm, a in bwd.items():
+        d, f = conv_algos.split(nm, "backward")
+        res["backward_pairs"][nm] = (res["data"][d] + res["filter"][f], a.workspace)
+    if torch is not None:
+        xt = torch.from_numpy(x).requires_grad_(True)
+        wt = torch.from_numpy(w).requires_grad_(True)
+        gyt = torch.from_numpy(gy)
+        res["torch_forward"] = median_time(lambda: torch.nn.functional.conv2d(xt, wt, None, s, p), repeats)
+
+        def tb():
+            yt = torch.nn.functional.conv2d(xt, wt, None, s, p)
+            xt.grad = wt.grad = None
+            yt.backward(gyt)
+        res["torch_backward"] = max(median_time(tb, repeats) - res["torch_forward"], 0.0)
+    return res
+
+
+def pick(options, limit):
+    """Fastest (seconds, workspace, name) whose workspace fits ``limit`` (None: no limit)."""
+    fit = [(t, ws, nm) for nm, (t, ws) in options.items() if limit is None or ws <= limit]
+    return min(fit) if fit else None
+
+
+def fmt_ms(t):
+    return "-" if t is None else (f"{t * 1e3:7.1f}" if t < 10 else f"{t:6.1f}s")
+
+
+def report(net, results, tight_frac, torch):
+    n = results[0]["shape"][0]
+    cols = columns(n)
+    heads = [short(c) for c in cols]
+    width = max(len(r["layer"]) for r in results) + 5
+    print(f"\n=== {net}: time per layer call (ms, median); x<k> = layers of that shape ===")
+    for pass_, key in (("forward", "forward"), ("backward-data", "data"), ("backward-filter", "filter")):
+        torch_head = "    torch" if torch and key != "filter" else ""
+        print(f"\n{pass_:<{width}}" + "".join(f"{h:>9}" for h in heads) + torch_head)
+        for r in results:
+            row = f"{r['layer'] + ' x' + str(r['count']):<{width}}"
+            row += "".join(f"{fmt_ms(r[key].get(c)):>9}" for c in cols)
+            if torch and key == "forward":
+                row += f"{fmt_ms(r['torch_forward']):>9}"
+            if torch and key == "data":
+                row += f"{fmt_ms(r['torch_backward']):>9}  (torch: data+filter)"
+            print(row)
+    print(f"\n{'workspace (MiB) fwd / bwd pair':<{width}}" + "".join(f"{h:>9}" for h in heads))
+    for r in results:
+        cells = []
+        for c in cols:
+            if c not in r["ws_forward"]:
+                cells.append("-")
+                continue
+            pair = r["backward_pairs"].get(c if c != "winograd" else "winograd")
+            fwd = f"{r['ws_forward'][c] / MiB:.0f}"
+            cells.append(f"{fwd}/{pair[1] / MiB:.0f}" if pair else fwd)
+        print(f"{r['layer']:<{width}}" + "".join(f"{x:>9}" for x in cells))
+
+    # the selector: fastest algorithm whose workspace fits, per pass
+    biggest = max(max(r["ws_forward"]["im2col"], r["backward_pairs"]["im2col"][1]) for r in results)
+    budgets = [("loose (unlimited)", None), (f"tight ({tight_frac:.0%} of {biggest / MiB:.0f} MiB)",
+                                              int(biggest * tight_frac)), ("zero", 0)]
+    print(f"\nselected algorithm (fastest that fits) per layer: forward | backward (data/filter)")
+    totals = {}
+    default_total = sum(r["count"] * (r["forward"]["im2col"] + r["backward_pairs"]["im2col"][0]) for r in results)
+    for label, limit in budgets:
+        print(f"  budget {label}:")
+        tot = 0.0
+        for r in results:
+            f = pick({nm: (t, r["ws_forward"][nm]) for nm, t in r["forward"].items()}, limit)
+            b = pick(r["backward_pairs"], limit)
+            tot += r["count"] * (f[0] + b[0])
+            print(f"    {r['layer']:<{width - 4}} {short(f[2]):>9} {fmt_ms(f[0])} ms {f[1] / MiB:6.1f} MiB | "
+                  f"{b[2]:<24} {fmt_ms(b[0])} ms {b[1] / MiB:6.1f} MiB")
+        totals[label] = tot
+    print(f"\n  whole network (sum over layers x count, forward + backward):")
+    print(f"    default im2col        {default_total * 1e3:9.1f} ms")
+    for label, tot in totals.items():
+        print(f"    selected, {label:<22} {tot * 1e3:9.1f} ms  ({tot / default_total:.2f}x default)")
+    if torch:
+        tt = sum(r["count"] * (r["torch_forward"] + r["torch_backward"]) for r in results)
+        print(f"    torch                 {tt * 1e3:9.1f} ms  ({tt / default_total:.2f}x default)")
+    # which algorithm wins where
+    wins = {}
+    for r in results:
+        for key in ("forward", "data", "filter"):
+            best = min(r[key], key=r[key].get)
+            wins.setdefault(key, []).append(f"{r['layer'].split()[0]}:{short(best)}")
+    for key, v in wins.items():
+        print(f"  fastest {key:<8}: " + ", ".join(v))
+    return {"default": default_total, **totals}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nets", default="resnet18,resnet18_cifar,vgg16",
+                    help="comma-separated subset of resnet18, resnet18_cifar, vgg16")
+    ap.add_argument("--resnet", default="8x224", help="ResNet-18 batch x image size (default 8x224)")
+    ap.add_argument("--cifar", default="32x32", help="CIFAR ResNet-18 batch x image size (default 32x32)")
+    ap.add_argument("--vgg", default="2x112",
+                    help="VGG-16 batch x image size (default 2x112: 1/8 of the work of 4x224, same layer shapes "
+                         "at half the resolution; 4x224 takes ~8 minutes on 2 cores)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tight", type=float, default=0.10, help="tight budget, fraction of the largest default workspace")
+    ap.add_argument("--quick", action="store_true", help="batch 2 everywhere, VGG at 56: a smoke run")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json", help="write the raw timings here")
+    a = ap.parse_args(argv)
+    torch = None
+    if not a.no_torch:
+        try:
+            import torch
+            torch.set_num_threads(K.get_num_threads())
+        except ImportError:
+            torch = None
+    if a.quick:
+        a.resnet, a.cifar, a.vgg = "2x64", "4x32", "1x56"
+    sizes = {"resnet18": a.resnet, "resnet18_cifar": a.cifar, "vgg16": a.vgg}
+    print(f"minidnn conv algorithms on {os.cpu_count()} cores, {K.get_num_threads()} threads; float32; "
+          f"median of {a.repeats}" + (f"; torch {torch.__version__}" if torch else ""))
+    t0 = time.perf_counter()
+    out = {}
+    for net in a.nets.split(","):
+        n, size = (int(v) for v in sizes[net].split("x"))
+        layers = vgg16(n, size) if net == "vgg16" else resnet18(n, size)
+        results = []
+        for spec in layers:
+            results.append(bench_layer(spec, a.repeats, torch))
+            print(f"  {net} {spec[0]}: done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        totals = report(f"{net} batch {n} at {size}x{size}", results, a.tight, torch)
+        out[net] = {"batch": n, "size": size, "layers": results, "totals": totals}
+    print(f"\ntotal bench time {time.perf_counter() - t0:.0f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
