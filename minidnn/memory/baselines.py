@@ -36,6 +36,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..schedule import aligned
+from .planner import place_program
 from .program import Evict, lower
 from .simulator import memory_curve
 
@@ -386,7 +387,8 @@ class MoDNN(_Baseline):
     workspace. Repeat until the budget fits. Then spend what is left of the budget: upgrade
     convolutions back to faster algorithms where the memory allows, hold each offloaded buffer
     until its copy is hidden and issue each prefetch as early as memory allows (the tensors needed
-    first in the backward get the room first). Swap-only: moDNN does not recompute.
+    first in the backward get the room first), unless the placed plan would then exceed the budget.
+    Swap-only: moDNN does not recompute.
     """
 
     name = "modnn"
@@ -442,6 +444,9 @@ class MoDNN(_Baseline):
                 acc += secs[a + delay]
                 curve[a + delay] += size
             ev[(t, g)] = Evict("offload", delay=delay, lead=lead)
+        if place_program(lower(schedule, ev, touch, cur))[1] > limit:
+            # early prefetches filled the budget and placement fragments it: copies issued just in time
+            ev = {k: Evict("offload") for k in ev}
         return ev, cur
 
 
