@@ -120,11 +120,6 @@ def ref_leaky_relu(x, slope=0.01):
 
 
 # -------------------------------------------------------------------- cases
-def bug(exc, reason):
-    """A known op bug: the test must fail, and with ``exc`` (so other failures still show)."""
-    return pytest.mark.xfail(strict=True, raises=exc, reason=reason)
-
-
 def conv_case(name, xshape, wshape, bias, **kw):
     inputs = [randn(name, *xshape), randn(name + "w", *wshape)] + ([randn(name + "b", wshape[0])] if bias else [])
     return OpCase(name, lambda *a: ops.conv2d(*a, **kw), inputs, lambda *a: ref_conv2d(*a, **kw),
