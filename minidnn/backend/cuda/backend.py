@@ -1,0 +1,109 @@
+"""The CUDA backend: one device arena, a pinned host store, a compute and a copy stream, cuDNN.
+
+Memory comes straight from ``cudaMalloc`` / ``cudaHostAlloc`` (CuPy's
+``Memory`` and ``PinnedMemory``), not from CuPy's pools, so the arena and the
+host store are exactly the bytes the plan asks for; buffers are views of them
+by offset. Every kernel of a step runs on the compute stream (the executor
+enters :meth:`compute_scope` around a run); cuDNN's handle is bound to it.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import cupy as cp
+import numpy as np
+
+from .conv import CudnnConv
+from .kernels import CudaKernels
+from .loader import load_binding
+from .streams import CudaCopyStream, bandwidth
+
+
+class CUDABackend:
+    name = "cuda"
+    xp = cp
+
+    def __init__(self, device=0, tf32=False, deterministic=True):
+        """``tf32``: let cuDNN use TF32 tensor cores for float32 convolutions (PyTorch's default;
+        off by default so float32 results are float32-accurate). ``deterministic``: list only
+        deterministic cuDNN algorithms, so budgets keep runs bitwise identical."""
+        self.device = cp.cuda.Device(device)
+        self.device.use()
+        # a blocking stream: work on the legacy default stream (parameters moved in, a user's own
+        # CuPy calls) is ordered with it; the copy stream is non-blocking, so copies overlap
+        self.stream = cp.cuda.Stream(non_blocking=False)
+        self.cudnn = load_binding()
+        self.handle = self.cudnn.Handle(self.stream.ptr)
+        self.k = CudaKernels()
+        self.conv = CudnnConv(self.cudnn, self.handle, tf32=tf32, deterministic=deterministic)
+        self.cudnn_version = self.cudnn.version()
+
+    # -- memory -------------------------------------------------------------
+    def empty(self, nbytes: int):
+        """A device byte buffer of its own cudaMalloc (256-byte aligned)."""
+        nbytes = int(nbytes)
+        if nbytes == 0:
+            return cp.empty(0, cp.uint8)
+        mem = cp.cuda.Memory(nbytes)
+        return cp.ndarray((nbytes,), cp.uint8, cp.cuda.MemoryPointer(mem, 0))
+
+    def host_empty(self, nbytes: int) -> np.ndarray:
+        """Pinned host memory, allocated once (page-aligned), as a NumPy byte array."""
+        nbytes = int(nbytes)
+        if nbytes == 0:
+            return np.empty(0, np.uint8)
+        mem = cp.cuda.PinnedMemory(nbytes)
+        return np.frombuffer(cp.cuda.PinnedMemoryPointer(mem, 0), np.uint8, nbytes)
+
+    def write(self, dst, src):
+        """``dst[...] = src`` from host or device data (cast to dst's dtype)."""
+        if isinstance(src, cp.ndarray):
+            dst[...] = src.reshape(dst.shape)
+        else:
+            with self.stream:
+                dst.set(np.ascontiguousarray(np.asarray(src).reshape(dst.shape), dtype=dst.dtype), stream=self.stream)
+
+    load = write        # the load step: a batch from the caller into the arena
+
+    def copy_stream(self):
+        return CudaCopyStream(self.stream)
+
+    def copy_bandwidth(self, nbytes=64 << 20, repeats=3) -> float:
+        return bandwidth(self, nbytes, repeats)
+
+    def compute_scope(self):
+        """Kernels launched inside run on the compute stream."""
+        return self.stream
+
+    # -- arrays -----------------------------------------------------------
+    def asarray(self, x, dtype=None):
+        return cp.asarray(x, dtype=dtype)
+
+    def to_host(self, x) -> np.ndarray:
+        return cp.asnumpy(x, stream=self.stream) if isinstance(x, cp.ndarray) else np.asarray(x)
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    clock = staticmethod(time.perf_counter)
+
+    # -- planning -------------------------------------------------------------
+    def planning_cost(self, base, profile):
+        from ...memory.costmodel import ProfileCost
+        from .cost import DeviceCost
+        return DeviceCost(base if base is not None else ProfileCost(profile), self)
+
+    def profile_algorithms(self, op, in_specs, out_specs, pass_) -> dict:
+        """Nothing for the profiling pass to time: :meth:`planning_cost` answers with Find's times."""
+        return {}
+
+    def describe(self) -> str:
+        p = cp.cuda.runtime.getDeviceProperties(self.device.id)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+        return f"cuda:{self.device.id} {name} (CuPy {cp.__version__}, cuDNN {self.cudnn_version})"
+
+    def close(self):
+        self.handle.close()
+        with contextlib.suppress(Exception):
+            self.stream.synchronize()
