@@ -28,11 +28,22 @@ class Context:
     """What an op may use besides its buffers."""
 
     k: object                 # kernel namespace of the backend
-    rng: np.random.Generator  # dropout masks
+    rng: np.random.Generator  # dropout masks (drawn on the host, on every backend)
     recompute: bool = False   # the forward runs again in the backward: do not touch statistics
     algo: str = None          # the algorithm the plan chose for the current step (None: default)
     loss_scale: float = 1.0   # d(objective)/d(loss): 1/k for each of k sub-batches
     accumulate: tuple = ()    # the current backward adds into these inputs' gradients
+    xp: object = np           # the array module of the backend (numpy, cupy)
+    conv: object = None       # the backend's convolution algorithms (ops.conv_algos on the CPU)
+
+    def __post_init__(self):
+        if self.conv is None:
+            from .ops import conv_algos
+            self.conv = conv_algos
+
+    @classmethod
+    def on(cls, backend, rng):
+        return cls(backend.k, rng, xp=backend.xp, conv=backend.conv)
 
 
 class _Bound:
@@ -173,9 +184,9 @@ class Executor:
         """
         b = self.bind(plan)
         rec = recorder if recorder is not None and recorder.begin(t) else None
-        if rec is not None:
-            return self._run(plan, b, ctx, feeds, optimizer, t, profile, _Tracing(rec, plan, self))
-        return self._run(plan, b, ctx, feeds, optimizer, t, profile, None)
+        with self.backend.compute_scope():
+            return self._run(plan, b, ctx, feeds, optimizer, t, profile,
+                             _Tracing(rec, plan, self) if rec is not None else None)
 
     def _run(self, plan, b, ctx, feeds, optimizer, t, profile, tr) -> dict:
         steps = plan.program.steps
@@ -205,7 +216,7 @@ class Executor:
             t0 = time.perf_counter() if profile or tr else 0.0
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)
-                if step.node.op.is_loss and not np.isfinite(outs[0]).all():
+                if step.node.op.is_loss and not bool(ctx.xp.isfinite(outs[0]).all()):
                     raise NumericalError(f"the loss is {float(outs[0])} at step {i} ({step.label}); "
                                          f"parameters were not updated")
             elif kind == "backward":
@@ -228,10 +239,11 @@ class Executor:
                 optimizer.update(ins[0], ins[1], outs, ws, t)
             elif kind == "load":
                 for dst, src in zip(outs, feeds):
-                    np.copyto(dst, src, casting="same_kind")
+                    self.backend.load(dst, src)
             else:
                 raise ValueError(f"unknown step kind {kind!r}")
             if profile:
+                self.backend.synchronize()        # asynchronous backends: the step's own time
                 times.append(time.perf_counter() - t0)
             if tr and kind not in ("offload", "prefetch"):
                 tr.rec.span("compute", step.label, kind, i, t0, time.perf_counter())

@@ -23,7 +23,7 @@ class PersistentStore:
             view = self.region[off:off + t.nbytes].view(t.spec.dtype).reshape(t.spec.shape)
             off += aligned(t.nbytes)
             if t.category in (PARAM, STATE):
-                view[...] = p.data
+                backend.write(view, p.data)
                 p.data = view
             else:
                 view[...] = 0

@@ -9,25 +9,16 @@ place of a device profile.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
-from .algo_cache import profile_conv
 from .executor import Context
 from .memory import MeasuredCost, MemoryConfig, plan_memory
 
 
 def copy_bandwidth(backend, nbytes=64 << 20, repeats=3) -> float:
-    """Bytes per second of one copy between two device-side buffers of ``nbytes`` (arena <-> host store)."""
-    a, b = backend.empty(nbytes), backend.host_empty(nbytes)
-    a[...] = 1
-    best = np.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
+    """Bytes per second of one copy between arena and host store buffers of ``nbytes``."""
+    return backend.copy_bandwidth(nbytes, repeats)
 
 
 def measure_costs(trainer, schedule, feeds) -> MeasuredCost:
@@ -36,7 +27,7 @@ def measure_costs(trainer, schedule, feeds) -> MeasuredCost:
     store = trainer.store
     saved = store.region.copy()                        # the pass must not train
     try:
-        trainer.executor.run(plan, Context(trainer.backend.k, np.random.default_rng(0)), feeds,
+        trainer.executor.run(plan, Context.on(trainer.backend, np.random.default_rng(0)), feeds,
                              trainer.optimizer, 1, profile=True)
         seconds = list(trainer.executor.step_seconds)
     finally:
@@ -49,6 +40,6 @@ def measure_costs(trainer, schedule, feeds) -> MeasuredCost:
             continue
         ins, outs = [v.spec for v in n.inputs], [o.spec for o in n.outputs]
         if len(n.op.algorithms(ins, outs, s.kind)) > 1:
-            for name, sec in profile_conv(n.op, ins, outs, s.kind, trainer.backend).items():
+            for name, sec in trainer.backend.profile_algorithms(n.op, ins, outs, s.kind).items():
                 algo_seconds[(s.index, name)] = sec
     return MeasuredCost(seconds, copy_bandwidth(trainer.backend), algo_seconds=algo_seconds)

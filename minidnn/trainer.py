@@ -56,7 +56,7 @@ class Trainer:
                      np.zeros(first.tensor(first.inputs[1]).spec.shape, first.tensor(first.inputs[1]).spec.dtype)]
             self.cost = measure_costs(self, first, feeds)
         try:
-            plan = plan_memory(first, self.memory, self.cost)
+            plan = plan_memory(first, self.memory, self._cost(self.cost))
             budget = plan.budget
         except MemoryBudgetError as e:
             if not self.memory.sub_batching or self.optimizer is None or self.input_shape[0] < 2:
@@ -90,7 +90,7 @@ class Trainer:
         if plan is None:
             try:
                 cost = self.cost if tuple(shape) == self.input_shape and training else None
-                plan = plan_memory(self._schedule(tuple(shape), training), self.memory, cost)
+                plan = plan_memory(self._schedule(tuple(shape), training), self.memory, self._cost(cost))
             except MemoryBudgetError:
                 if not (training and self.memory.sub_batching and self.optimizer is not None and shape[0] > 1):
                     raise
@@ -103,7 +103,11 @@ class Trainer:
             graph = trace(self.net, (b,) + shape[1:], self.dtype, loss=self.loss)
             return (build_schedule(graph, optimizer=self.optimizer, accumulate=True, updates=False),
                     build_update_schedule(graph, self.optimizer))
-        return plan_sub_batches(shape[0], schedules_for, self.memory)
+        return plan_sub_batches(shape[0], schedules_for, self.memory, self._cost(None))
+
+    def _cost(self, base):
+        """The cost model plans use on this backend (on CUDA: cuDNN's algorithms and times)."""
+        return self.backend.planning_cost(base, self.memory.profile)
 
     @property
     def plan(self):
@@ -145,7 +149,7 @@ class Trainer:
         x = self._check_input(x)
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
-        ctx = Context(self.backend.k, self.rng)
+        ctx = Context.on(self.backend, self.rng)
         t = self.steps_done + 1
         if isinstance(plan, SubBatchPlan):
             loss = self._step_split(plan, ctx, x, y, t)
@@ -180,7 +184,7 @@ class Trainer:
         """The network's output for ``x`` in eval mode (a new array)."""
         x = self._check_input(x)
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
-        ctx = Context(self.backend.k, self.rng)
+        ctx = Context.on(self.backend, self.rng)
         return self.executor.run(plan, ctx, [x])[plan.schedule.outputs[0]]
 
     @property

@@ -1,6 +1,7 @@
 """The CPU backend: NumPy arrays, minidnn's C++ kernels, memory as aligned byte buffers."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -15,6 +16,7 @@ import numpy as np
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ..errors import BackendUnavailable
+from ..ops import conv_algos
 from ..schedule import ALIGN
 
 
@@ -23,6 +25,7 @@ class CPUBackend:
 
     name = "cpu"
     xp = np
+    conv = conv_algos     # the convolution algorithms (forward/backward by name)
 
     def __init__(self):
         try:
@@ -39,8 +42,39 @@ class CPUBackend:
 
     host_empty = empty   # the host store: plain memory here, pinned memory on CUDA
 
+    def write(self, dst, src):
+        """``dst[...] = src`` (the persistent region takes in parameters)."""
+        dst[...] = src
+
+    def load(self, dst, src):
+        """The load step: a batch from the caller into the arena."""
+        np.copyto(dst, src, casting="same_kind")
+
     def copy_stream(self):
         return CopyStream()
+
+    def copy_bandwidth(self, nbytes=64 << 20, repeats=3) -> float:
+        """Bytes per second of one copy between two buffers of ``nbytes`` (arena <-> host store)."""
+        a, b = self.empty(nbytes), self.host_empty(nbytes)
+        a[...] = 1
+        best = np.inf
+        for _ in range(repeats):
+            t = time.perf_counter()
+            np.copyto(b, a)
+            best = min(best, time.perf_counter() - t)
+        return nbytes / best
+
+    def compute_scope(self):
+        return contextlib.nullcontext()
+
+    def planning_cost(self, base, profile):
+        """The cost model plans use on this backend: the trainer's own (None: the device profile)."""
+        return base
+
+    def profile_algorithms(self, op, in_specs, out_specs, pass_) -> dict:
+        """{algorithm: seconds} of a layer's pass, measured here (cached on disk)."""
+        from ..algo_cache import profile_conv
+        return profile_conv(op, in_specs, out_specs, pass_, self)
 
     def asarray(self, x, dtype=None):
         return np.asarray(x, dtype=dtype)

@@ -50,7 +50,10 @@ def algorithm_options(schedule, cost) -> dict:
         if s.kind not in ("forward", "backward") or s.node is None:
             continue
         n = s.node
-        algos = n.op.algorithms([v.spec for v in n.inputs], [o.spec for o in n.outputs], s.kind)
+        ins, outs = [v.spec for v in n.inputs], [o.spec for o in n.outputs]
+        # a backend's cost model may name its own algorithms (cuDNN's on CUDA)
+        lister = getattr(cost, "algorithms", None)
+        algos = lister(n.op, ins, outs, s.kind) if lister else n.op.algorithms(ins, outs, s.kind)
         if len(algos) > 1:
             out[s.index] = sorted(((cost.step_seconds(schedule, s, a), a) for a in algos),
                                   key=lambda p: (p[0], p[1].workspace))

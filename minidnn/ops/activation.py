@@ -1,8 +1,6 @@
 """Pointwise activations; each backward reads the one tensor it needs."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..graph import Spec
 from .base import Op, apply
 
@@ -17,7 +15,8 @@ class ReLUOp(_Pointwise):
     saved_outputs = (0,)
 
     def forward(self, ctx, ins, outs, ws):
-        np.maximum(ins[0], 0, out=outs[0])
+        xp = ctx.xp
+        xp.maximum(ins[0], 0, out=outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         ctx.k.relu_backward(outs[0], gouts[0], gins[0])
@@ -31,14 +30,16 @@ class LeakyReLUOp(_Pointwise):
         self.slope = negative_slope
 
     def forward(self, ctx, ins, outs, ws):
+        xp = ctx.xp
         x, y = ins[0], outs[0]
-        np.multiply(x, y.dtype.type(self.slope), out=y)
-        np.copyto(y, x, where=x > 0)
+        xp.multiply(x, y.dtype.type(self.slope), out=y)
+        xp.copyto(y, x, where=x > 0)
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         x, gy, gx = ins[0], gouts[0], gins[0]
-        np.multiply(gy, gx.dtype.type(self.slope), out=gx)
-        np.copyto(gx, gy, where=x > 0)
+        xp.multiply(gy, gx.dtype.type(self.slope), out=gx)
+        xp.copyto(gx, gy, where=x > 0)
 
 
 class SigmoidOp(_Pointwise):
@@ -47,15 +48,17 @@ class SigmoidOp(_Pointwise):
     flops_per_output = 4
 
     def forward(self, ctx, ins, outs, ws):
+        xp = ctx.xp
         y = outs[0]
-        np.negative(ins[0], out=y)
-        np.exp(y, out=y)
+        xp.negative(ins[0], out=y)
+        xp.exp(y, out=y)
         y += 1
-        np.reciprocal(y, out=y)
+        xp.reciprocal(y, out=y)
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         y, gx = outs[0], gins[0]
-        np.subtract(1, y, out=gx)
+        xp.subtract(1, y, out=gx)
         gx *= y
         gx *= gouts[0]
 
@@ -66,12 +69,14 @@ class TanhOp(_Pointwise):
     flops_per_output = 4
 
     def forward(self, ctx, ins, outs, ws):
-        np.tanh(ins[0], out=outs[0])
+        xp = ctx.xp
+        xp.tanh(ins[0], out=outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         y, gx = outs[0], gins[0]
-        np.multiply(y, y, out=gx)
-        np.subtract(1, gx, out=gx)
+        xp.multiply(y, y, out=gx)
+        xp.subtract(1, gx, out=gx)
         gx *= gouts[0]
 
 

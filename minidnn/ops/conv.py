@@ -72,12 +72,12 @@ class Conv2dOp(Op):
 
     def forward(self, ctx, ins, outs, ws):
         b = ins[2] if len(ins) > 2 else None
-        conv_algos.forward(self, ctx.k, ins[0], ins[1], b, outs[0], ws, getattr(ctx, "algo", None))
+        ctx.conv.forward(self, ctx.k, ins[0], ins[1], b, outs[0], ws, getattr(ctx, "algo", None))
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         gb = gins[2] if len(gins) > 2 else None
-        conv_algos.backward(self, ctx.k, ins[0], ins[1], gouts[0], gins[0], gins[1], gb, ws,
-                            getattr(ctx, "algo", None))
+        ctx.conv.backward(self, ctx.k, ins[0], ins[1], gouts[0], gins[0], gins[1], gb, ws,
+                          getattr(ctx, "algo", None))
 
 
 class ConvTranspose2dOp(Op):
@@ -149,6 +149,10 @@ class ConvTranspose2dOp(Op):
     def forward(self, ctx, ins, outs, ws):
         x, w = ins[0], ins[1]
         y = outs[0]
+        own = getattr(ctx.conv, "transpose_forward", None)   # a backend with its own (cuDNN)
+        if own is not None:
+            own(self, ctx.k, x, w, ins[2] if len(ins) > 2 else None, y, ws)
+            return
         if self._algo(ctx) == "direct":
             ctx.k.conv2d_direct_backward_data(x, w, y, *self._conv_args())
             if len(ins) > 2:
@@ -168,6 +172,10 @@ class ConvTranspose2dOp(Op):
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         x, w = ins[0], ins[1]
         gy = gouts[0]
+        own = getattr(ctx.conv, "transpose_backward", None)
+        if own is not None:
+            own(self, ctx.k, x, w, gy, gins[0], gins[1], gins[2] if len(gins) > 2 else None, ws)
+            return
         if self._algo(ctx) == "direct":
             if len(gins) > 2 and gins[2] is not None:
                 ctx.k.conv2d_bias_grad(gy, gins[2])

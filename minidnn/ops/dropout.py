@@ -28,15 +28,19 @@ class DropoutOp(Op):
 
     def forward(self, ctx, ins, outs, ws):
         x, (y, mask) = ins[0], outs
+        xp = ctx.xp
         (u,) = carve(ws, self._scratch(x))
-        ctx.rng.random(dtype=np.float32, out=u)
-        np.greater_equal(u, self.p, out=mask.view(np.bool_))
-        np.multiply(x, mask, out=y)
+        if xp is np:
+            ctx.rng.random(dtype=np.float32, out=u)
+        else:   # the host's generator on every backend: the same seed draws the same masks
+            u[...] = xp.asarray(ctx.rng.random(u.shape, dtype=np.float32))
+        xp.greater_equal(u, self.p, out=mask.view(np.bool_))
+        xp.multiply(x, mask, out=y)
         y *= y.dtype.type(1.0 / (1.0 - self.p))
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         gx = gins[0]
-        np.multiply(gouts[0], outs[1], out=gx)
+        ctx.xp.multiply(gouts[0], outs[1], out=gx)
         gx *= gx.dtype.type(1.0 / (1.0 - self.p))
 
 

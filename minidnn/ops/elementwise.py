@@ -18,12 +18,14 @@ class AddOp(Op):
         return [Spec(a.shape, dt)]
 
     def forward(self, ctx, ins, outs, ws):
-        np.add(ins[0], ins[1], out=outs[0])
+        xp = ctx.xp
+        xp.add(ins[0], ins[1], out=outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         for g in gins:
             if g is not None:
-                np.copyto(g, gouts[0])
+                xp.copyto(g, gouts[0])
 
 
 class CatOp(Op):
@@ -45,15 +47,17 @@ class CatOp(Op):
         return [Spec(tuple(shape), dt)]
 
     def forward(self, ctx, ins, outs, ws):
-        np.concatenate(ins, axis=self.dim, out=outs[0])
+        xp = ctx.xp
+        xp.concatenate(ins, axis=self.dim, out=outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         gy, start = gouts[0], 0
         d = self.dim % gy.ndim
         for g, x in zip(gins, self._widths):
             width = x
             if g is not None:
-                np.copyto(g, gy[(slice(None),) * d + (slice(start, start + width),)])
+                xp.copyto(g, gy[(slice(None),) * d + (slice(start, start + width),)])
             start += width
 
 
@@ -72,10 +76,12 @@ class ReshapeOp(Op):
         return 0.0
 
     def forward(self, ctx, ins, outs, ws):
-        np.copyto(outs[0], ins[0].reshape(self.shape))
+        xp = ctx.xp
+        xp.copyto(outs[0], ins[0].reshape(self.shape))
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        np.copyto(gins[0], gouts[0].reshape(gins[0].shape))
+        xp = ctx.xp
+        xp.copyto(gins[0], gouts[0].reshape(gins[0].shape))
 
 
 def add(a, b):

@@ -32,25 +32,27 @@ class LinearOp(Op):
         return 2.0 * ins[0].shape[0] * ins[1].shape[0] * ins[1].shape[1]
 
     def forward(self, ctx, ins, outs, ws):
-        np.matmul(ins[0], ins[1].T, out=outs[0])
+        xp = ctx.xp
+        xp.matmul(ins[0], ins[1].T, out=outs[0])
         if len(ins) > 2:
             outs[0] += ins[2]
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         x, w = ins[0], ins[1]
         gy = gouts[0]
         if gins[0] is not None:
-            np.matmul(gy, w, out=gins[0])
+            xp.matmul(gy, w, out=gins[0])
         if gins[1] is not None:
-            if 1 in ctx.accumulate:
-                _gemm_acc(x, gy, gins[1])
+            if 1 in ctx.accumulate:   # a backend's own GEMM with beta = 1 (cuBLAS), else BLAS's
+                getattr(ctx.k, "gemm_acc", _gemm_acc)(x, gy, gins[1])
             else:
-                np.matmul(gy.T, x, out=gins[1])
+                xp.matmul(gy.T, x, out=gins[1])
         if len(gins) > 2 and gins[2] is not None:
             if 2 in ctx.accumulate:
                 gins[2] += gy.sum(axis=0)
             else:
-                np.sum(gy, axis=0, out=gins[2])
+                xp.sum(gy, axis=0, out=gins[2])
 
 
 def linear(x, weight, bias=None):

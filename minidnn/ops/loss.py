@@ -42,27 +42,29 @@ class CrossEntropyOp(Op):
 
     backward_workspace = workspace
 
-    def _log_softmax(self, x, ws):
+    def _log_softmax(self, xp, x, ws):
         z, e, m = carve(ws, self._scratch(x))
-        np.max(x, axis=1, keepdims=True, out=m)
-        np.subtract(x, m, out=z)
-        np.exp(z, out=e)
-        np.sum(e, axis=1, keepdims=True, out=m)
-        np.log(m, out=m)
+        xp.max(x, axis=1, keepdims=True, out=m)
+        xp.subtract(x, m, out=z)
+        xp.exp(z, out=e)
+        xp.sum(e, axis=1, keepdims=True, out=m)
+        xp.log(m, out=m)
         z -= m
         return z
 
     def forward(self, ctx, ins, outs, ws):
+        xp = ctx.xp
         logits, labels = ins
-        z = self._log_softmax(logits, ws)
-        outs[0][...] = -z[np.arange(len(labels)), labels].mean()
+        z = self._log_softmax(xp, logits, ws)
+        outs[0][...] = -z[xp.arange(len(labels)), labels].mean()
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         logits, labels = ins
         gx = gins[0]
-        z = self._log_softmax(logits, ws)
-        np.exp(z, out=gx)
-        gx[np.arange(len(labels)), labels] -= 1
+        z = self._log_softmax(xp, logits, ws)
+        xp.exp(z, out=gx)
+        gx[xp.arange(len(labels)), labels] -= 1
         gx *= gx.dtype.type(_upstream(ctx, gouts) / len(labels))
 
 
@@ -81,14 +83,16 @@ class MSEOp(Op):
         return nbytes_of([(ins[0].shape, ins[0].dtype)])
 
     def forward(self, ctx, ins, outs, ws):
+        xp = ctx.xp
         (d,) = carve(ws, [(ins[0].shape, ins[0].dtype)])
-        np.subtract(ins[0], ins[1], out=d)
+        xp.subtract(ins[0], ins[1], out=d)
         d = d.ravel()
-        outs[0][...] = np.dot(d, d) / d.size
+        outs[0][...] = xp.dot(d, d) / d.size
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         gx = gins[0]
-        np.subtract(ins[0], ins[1], out=gx)
+        xp.subtract(ins[0], ins[1], out=gx)
         gx *= gx.dtype.type(2.0 * _upstream(ctx, gouts) / gx.size)
 
 

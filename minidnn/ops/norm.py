@@ -6,8 +6,6 @@ outputs (the backward reads them) and updates the running statistics in place
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import ShapeError
 from ..graph import Spec
 from .base import Op, apply
@@ -37,18 +35,19 @@ class BatchNorm2dOp(Op):
         return [Spec(x.shape, x.dtype), Spec((c,), x.dtype), Spec((c,), x.dtype)]
 
     def forward(self, ctx, ins, outs, ws):
+        xp = ctx.xp
         x, gamma, beta, rmean, rvar = ins
         y, mean, invstd = outs
         if not self.training:
-            np.add(rvar, self.eps, out=invstd)
-            np.sqrt(invstd, out=invstd)
-            np.reciprocal(invstd, out=invstd)
+            xp.add(rvar, self.eps, out=invstd)
+            xp.sqrt(invstd, out=invstd)
+            xp.reciprocal(invstd, out=invstd)
             ctx.k.bn_forward_train(x, gamma, beta, rmean, invstd, y)
             return
         ctx.k.bn_stats(x, mean, invstd)          # invstd holds the biased variance here
         # statistics move once a step, and never towards a non-finite batch (whose loss
         # will be refused, leaving the model as it was)
-        if not ctx.recompute and np.isfinite(mean).all() and np.isfinite(invstd).all():
+        if not ctx.recompute and xp.isfinite(mean).all() and xp.isfinite(invstd).all():
             m = x.shape[0] * x.shape[2] * x.shape[3]
             mom = self.momentum
             rmean *= 1 - mom
@@ -56,11 +55,12 @@ class BatchNorm2dOp(Op):
             rvar *= 1 - mom
             rvar += (mom * m / (m - 1)) * invstd
         invstd += self.eps
-        np.sqrt(invstd, out=invstd)
-        np.reciprocal(invstd, out=invstd)
+        xp.sqrt(invstd, out=invstd)
+        xp.reciprocal(invstd, out=invstd)
         ctx.k.bn_forward_train(x, gamma, beta, mean, invstd, y)
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         x, gamma, gy = ins[0], ins[1], gouts[0]
         mean = outs[1] if self.training else ins[3]
         invstd = outs[2]
@@ -69,13 +69,13 @@ class BatchNorm2dOp(Op):
             return
         # frozen statistics, or no input gradient wanted: per-channel sums without a temporary
         sum_gy = gy.sum(axis=(0, 2, 3))
-        sum_gyx = np.einsum("nchw,nchw->c", gy, x)
+        sum_gyx = xp.einsum("nchw,nchw->c", gy, x)
         if gins[2] is not None:
             gins[2][...] = sum_gy
         if gins[1] is not None:
             gins[1][...] = invstd * (sum_gyx - mean * sum_gy)
         if gins[0] is not None:
-            np.multiply(gy, (gamma * invstd).reshape(1, -1, 1, 1), out=gins[0])
+            xp.multiply(gy, (gamma * invstd).reshape(1, -1, 1, 1), out=gins[0])
 
 
 def batch_norm2d(x, weight, bias, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):

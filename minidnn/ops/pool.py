@@ -75,11 +75,13 @@ class GlobalAvgPoolOp(Op):
         return [Spec((x.shape[0], x.shape[1], 1, 1), x.dtype)]
 
     def forward(self, ctx, ins, outs, ws):
-        np.mean(ins[0], axis=(2, 3), keepdims=True, out=outs[0])
+        xp = ctx.xp
+        xp.mean(ins[0], axis=(2, 3), keepdims=True, out=outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
+        xp = ctx.xp
         gx = gins[0]
-        np.multiply(gouts[0], gx.dtype.type(1.0 / (gx.shape[2] * gx.shape[3])), out=gx)
+        xp.multiply(gouts[0], gx.dtype.type(1.0 / (gx.shape[2] * gx.shape[3])), out=gx)
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1):
