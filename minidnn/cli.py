@@ -236,20 +236,9 @@ def cmd_info(args):
         print(f"cpu backend: available; extension {_C.__file__} ({openmp}, {threads} threads)")
     except ImportError as e:
         print(f"cpu backend: extension missing ({e})")
-    try:
-        from .backend import get_backend
-        cuda = get_backend("cuda")
-        print("cuda backend: available")
-        version = getattr(cuda, "cudnn_version", None)
-        print(f"cuDNN: {version}" if version else "cuDNN: not available (the cuda backend reports no cuDNN)")
-    except (MinidnnError, ImportError, RuntimeError) as e:
-        print(f"cuda backend: not available ({' '.join(str(e).split())})")
-        print("cuDNN: not available (needs the cuda backend)")
-    try:
-        import cupy
-        print(f"cupy {cupy.__version__}")
-    except Exception as e:   # a broken CUDA install raises more than ImportError
-        print(f"cupy: not available ({type(e).__name__}: {' '.join(str(e).split())[:100]})")
+    from .backend.cuda import status       # imports CuPy and the cuDNN binding if present; no GPU needed
+    for line in status().lines():
+        print(line)
     try:   # the installed version, without the seconds importing torch takes
         print(f"torch {importlib.metadata.version('torch')} (optional: tests compare against it)")
     except importlib.metadata.PackageNotFoundError:

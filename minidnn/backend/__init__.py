@@ -1,12 +1,15 @@
 """Backends: what the executor needs from a device (see DESIGN.md)."""
-from ..errors import BackendUnavailable
 
 
 def get_backend(device="cpu"):
-    """The backend for ``device`` ("cpu" or "cuda")."""
+    """The backend for ``device``: "cpu", "cuda" (raises BackendUnavailable naming what is missing),
+    or a backend object, returned as it is (e.g. ``minidnn.backend.cuda.create(tf32=True)``)."""
+    if not isinstance(device, str):
+        return device
     if device == "cpu":
         from .cpu import CPUBackend
         return CPUBackend()
     if device == "cuda":
-        raise BackendUnavailable("the cuda backend is not available in this build")
+        from .cuda import create
+        return create()
     raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda'")
