@@ -16,6 +16,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save
 
+from .backend import to_numpy
 from .errors import CheckpointError
 
 _META_KEY = "minidnn"
@@ -51,7 +52,7 @@ def save_checkpoint(path, tensors, meta):
         if not isinstance(name, str):
             raise _error(path, f"tensor name {name!r} is not a string")
         # safetensors rejects strided views; ascontiguousarray would turn 0-d into 1-d.
-        arrays[name] = np.require(value, requirements="C")
+        arrays[name] = np.require(to_numpy(value), requirements="C")   # device arrays: host copies
     try:
         payload = save(arrays, metadata={_META_KEY: meta_json})
     except (SafetensorError, TypeError, ValueError) as exc:

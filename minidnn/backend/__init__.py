@@ -1,4 +1,12 @@
 """Backends: what the executor needs from a device (see DESIGN.md)."""
+import numpy as np
+
+
+def to_numpy(a):
+    """A NumPy array of ``a``: NumPy arrays as they are, device arrays (CuPy) copied to the host."""
+    if isinstance(a, np.ndarray) or not hasattr(a, "get"):
+        return np.asarray(a)
+    return a.get()
 
 
 def get_backend(device="cpu"):

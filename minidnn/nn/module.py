@@ -5,6 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..backend import to_numpy
 from ..graph import find_graph
 
 
@@ -151,10 +152,17 @@ class Module:
         for k, p in own.items():
             if k not in state_dict:
                 continue
-            v = np.asarray(state_dict[k])
-            if v.shape != p.data.shape:
-                raise ValueError(f"{k}: shape {v.shape} in state_dict, {p.data.shape} in the model")
-            p.data[...] = v
+            v = state_dict[k]
+            if not hasattr(v, "shape"):
+                v = np.asarray(v)
+            if tuple(v.shape) != tuple(p.data.shape):
+                raise ValueError(f"{k}: shape {tuple(v.shape)} in state_dict, {p.data.shape} in the model")
+            if isinstance(p.data, np.ndarray):
+                p.data[...] = to_numpy(v)
+            elif type(v) is type(p.data):           # device to device (cuda backend)
+                p.data[...] = v
+            else:                                   # host data into a parameter in device memory
+                p.data.set(np.ascontiguousarray(to_numpy(v), dtype=p.data.dtype))
         return missing, unexpected
 
     def extra_repr(self):
