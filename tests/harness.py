@@ -43,6 +43,12 @@ TORCH_TOL = dict(rtol=1e-10, atol=1e-12)
 DUMMY = np.zeros((1, 1))   # the graph input every CaseNet ignores
 
 
+def host(a):
+    """A NumPy copy of ``a`` (a device array is copied to the host), for comparisons: later steps
+    overwrite the arrays a trainer exposes (gradients, parameters) in place."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, (np.ndarray, dict)) else np.array(a)
+
+
 def rng_for(*key) -> np.random.Generator:
     """A generator seeded from ``key``, stable across runs and processes."""
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
@@ -95,11 +101,11 @@ class CaseNet(nn.Module):
         return self.case.build(*[as_value(x.graph, h) for h in self.holders()])
 
 
-def compile_case(case, dtype=np.float64, seed=0):
+def compile_case(case, dtype=np.float64, seed=0, device="cpu"):
     """(trainer, net) for ``case``, with memory checking and NaN poisoning on."""
     net = CaseNet(case)
     loss = nn.CrossEntropyLoss() if case.loss == "ce" else nn.MSELoss()
-    trainer = mdn.compile(net, DUMMY.shape, loss, optimizer=None, dtype=dtype, seed=seed,
+    trainer = mdn.compile(net, DUMMY.shape, loss, optimizer=None, dtype=dtype, seed=seed, device=device,
                           memory=mdn.MemoryConfig(check=True, poison=True))
     return trainer, net
 
@@ -120,12 +126,12 @@ def _close(got, want, what, **tol):
 
 
 # ------------------------------------------------------------------ the checks
-def check_forward(case, dtype=np.float64):
+def check_forward(case, dtype=np.float64, device="cpu"):
     dtype = np.dtype(dtype).type
     tol = dict(FWD_TOL[dtype])
     expected = np.asarray(case.forward_expected(*case.inputs), np.float64)
     tol["atol"] *= max(1.0, float(np.abs(expected).max(initial=0)))
-    trainer, _ = compile_case(case, dtype)
+    trainer, _ = compile_case(case, dtype, device=device)
     y = case.target()
     out = trainer.predict(DUMMY)
     assert out.dtype == dtype, f"{case.name}: output dtype {out.dtype}, expected {np.dtype(dtype)}"
@@ -139,19 +145,19 @@ def _probes(case, i, size):
     return rng_for(case.name, "probe", i).choice(size, MAX_PROBES, replace=False)
 
 
-def check_backward(case):
-    trainer, net = compile_case(case)
+def check_backward(case, device="cpu"):
+    trainer, net = compile_case(case, device=device)
     y = case.target()
     trainer.step(DUMMY, y)
     holders = net.holders()
-    analytic = {i: np.array(holders[i].grad) for i in case.checked}
+    analytic = {i: host(holders[i].grad) for i in case.checked}
     for i, g in analytic.items():
         flat = holders[i].data.reshape(-1)       # a view of the trainer's parameter
-        assert np.shares_memory(flat, holders[i].data)
+        assert _same_memory(flat, holders[i].data)
         idx = _probes(case, i, flat.size)
         numeric = np.empty(len(idx))
         for k, j in enumerate(idx):
-            old = flat[j]
+            old = float(flat[j])
             flat[j] = old + EPS
             lp = trainer.step(DUMMY, y)
             flat[j] = old - EPS
@@ -161,7 +167,13 @@ def check_backward(case):
         _close(g.reshape(-1)[idx], numeric, f"{case.name}: d loss / d input {i}", **GRAD_TOL)
 
 
-def check_torch(case):
+def _same_memory(a, b):
+    if isinstance(a, np.ndarray):
+        return np.shares_memory(a, b)
+    return a.data.ptr == b.data.ptr      # a device array: the same device address
+
+
+def check_torch(case, device="cpu"):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     ts = [torch.tensor(np.array(a), requires_grad=(i in case.checked)) for i, a in enumerate(case.inputs)]
@@ -170,9 +182,9 @@ def check_torch(case):
     loss = F.cross_entropy(out, torch.tensor(y)) if case.loss == "ce" else F.mse_loss(out, torch.tensor(y))
     loss.backward()
 
-    trainer, net = compile_case(case)
+    trainer, net = compile_case(case, device=device)
     _close(trainer.predict(DUMMY), out.detach().numpy(), f"{case.name}: forward vs torch", **TORCH_TOL)
     _close(trainer.step(DUMMY, y), loss.item(), f"{case.name}: loss vs torch", **TORCH_TOL)
     holders = net.holders()
     for i in case.checked:
-        _close(holders[i].grad, ts[i].grad.numpy(), f"{case.name}: grad of input {i} vs torch", **TORCH_TOL)
+        _close(host(holders[i].grad), ts[i].grad.numpy(), f"{case.name}: grad of input {i} vs torch", **TORCH_TOL)

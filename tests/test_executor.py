@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import minidnn
+from harness import host
 from minidnn import nn, optim
 from minidnn.schedule import aligned
 
@@ -91,7 +92,7 @@ def assert_same_state(a, b):
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb)
     for k in sa:
-        assert np.array_equal(sa[k], sb[k]), k
+        assert np.array_equal(host(sa[k]), host(sb[k])), k
 
 
 # -- the plan's figures ---------------------------------------------------------------------------
@@ -123,8 +124,8 @@ def test_plan_accounting(name):
 
 
 @pytest.mark.parametrize("name", list(NETS))
-def test_measured_peak_equals_plan_peak(name):
-    trainer = trainer_for(name, memory=minidnn.MemoryConfig(check=True))
+def test_measured_peak_equals_plan_peak(name, device):
+    trainer = trainer_for(name, memory=minidnn.MemoryConfig(check=True), device=device)
     shape = NETS[name][1]
     trainer.step(*batch(shape, 0))
     assert trainer.executor.high_water_bytes == trainer.plan.arena_bytes
@@ -135,13 +136,13 @@ def test_measured_peak_equals_plan_peak(name):
 
 @pytest.mark.parametrize("name,dropout,opt", [("lenet", False, "sgd"), ("resnet", False, "sgd"),
                                                ("resnet", True, "adam")])
-def test_budgeted_runs_are_bitwise_identical_to_unlimited(name, dropout, opt):
+def test_budgeted_runs_are_bitwise_identical_to_unlimited(name, dropout, opt, device):
     """Offload, prefetch and recompute never change a result, and the measured peak is the plan's."""
     shape = NETS[name][1]
 
     def make(memory=None):
         o = optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4) if opt == "sgd" else optim.Adam(lr=1e-3)
-        return trainer_for(name, optimizer=o, memory=memory, dropout=dropout, seed=4)
+        return trainer_for(name, optimizer=o, memory=memory, dropout=dropout, seed=4, device=device)
 
     with pytest.raises(minidnn.MemoryBudgetError) as e:
         make(memory=minidnn.MemoryConfig(budget=1, algorithms="default", sub_batching=False))
@@ -163,16 +164,16 @@ def test_budgeted_runs_are_bitwise_identical_to_unlimited(name, dropout, opt):
 # -- poison mode ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(NETS))
-def test_poison_mode_is_bitwise_identical(name):
+def test_poison_mode_is_bitwise_identical(name, device):
     shape = NETS[name][1]
-    plain = trainer_for(name, memory=minidnn.MemoryConfig(poison=False))
-    poisoned = trainer_for(name, memory=minidnn.MemoryConfig(poison=True, check=True))
+    plain = trainer_for(name, memory=minidnn.MemoryConfig(poison=False), device=device)
+    poisoned = trainer_for(name, memory=minidnn.MemoryConfig(poison=True, check=True), device=device)
     assert run_steps(plain, shape) == run_steps(poisoned, shape)
     assert_same_state(plain.net, poisoned.net)
     for (n, p), (_, q) in zip(plain.net.named_parameters(), poisoned.net.named_parameters()):
-        assert np.array_equal(p.grad, q.grad), n
+        assert np.array_equal(host(p.grad), host(q.grad)), n
     # poison really fills the arena: after a step every freed byte is 0xFF
-    assert (poisoned.executor.arena == 0xFF).mean() > 0.5
+    assert (host(poisoned.executor.arena) == 0xFF).mean() > 0.5
 
 
 # -- a plan per input shape -----------------------------------------------------------------------
@@ -230,17 +231,17 @@ def test_eval_plans_are_cached_per_shape():
 # -- reproducibility ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(NETS))
-def test_seeded_runs_repeat_bit_for_bit(name):
+def test_seeded_runs_repeat_bit_for_bit(name, device):
     shape = NETS[name][1]
-    a = trainer_for(name, dropout=True, init=3, seed=5)
-    b = trainer_for(name, dropout=True, init=3, seed=5)
+    a = trainer_for(name, dropout=True, init=3, seed=5, device=device)
+    b = trainer_for(name, dropout=True, init=3, seed=5, device=device)
     la = run_steps(a, shape)
     assert la == run_steps(b, shape)
     assert_same_state(a.net, b.net)
     for (n, p), (_, q) in zip(a.net.named_parameters(), b.net.named_parameters()):
-        assert np.array_equal(p.grad, q.grad), n
+        assert np.array_equal(host(p.grad), host(q.grad)), n
     # the trainer's seed drives dropout: another seed gives other losses from the same weights
-    c = trainer_for(name, dropout=True, init=3, seed=6)
+    c = trainer_for(name, dropout=True, init=3, seed=6, device=device)
     assert run_steps(c, shape) != la
 
 

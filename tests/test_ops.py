@@ -9,7 +9,7 @@ BatchNorm's running statistics have tests of their own at the end.
 import numpy as np
 import pytest
 
-from harness import DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, rng_for
+from harness import DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, host, rng_for
 from minidnn import ops
 
 
@@ -286,34 +286,34 @@ CASES = [
 
 @pytest.mark.parametrize("case", [c.param("forward") for c in CASES])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
-def test_forward(case, dtype):
-    check_forward(case, dtype)
+def test_forward(case, dtype, device):
+    check_forward(case, dtype, device)
 
 
 @pytest.mark.parametrize("case", [c.param("backward") for c in CASES])
-def test_backward(case):
-    check_backward(case)
+def test_backward(case, device):
+    check_backward(case, device)
 
 
 @pytest.mark.parametrize("case", [c.param("torch") for c in CASES if c.torch is not None])
-def test_against_torch(case):
-    check_torch(case)
+def test_against_torch(case, device):
+    check_torch(case, device)
 
 
 # ------------------------------------------------- BatchNorm running statistics
-def _bn_after_one_step():
+def _bn_after_one_step(device="cpu"):
     case = bn_case("batch_norm_running", (3, 4, 5, 2), True)
-    trainer, net = compile_case(case)
+    trainer, net = compile_case(case, device=device)
     trainer.step(DUMMY, case.target())
     return case, net.holders()
 
 
-def test_batch_norm_running_stats():
-    case, h = _bn_after_one_step()
+def test_batch_norm_running_stats(device):
+    case, h = _bn_after_one_step(device)
     x, _, _, rm, rv = case.inputs
     mom = 0.1
-    np.testing.assert_allclose(h[3].data, (1 - mom) * rm + mom * x.mean(axis=(0, 2, 3)), rtol=1e-12)
-    np.testing.assert_allclose(h[4].data, (1 - mom) * rv + mom * x.var(axis=(0, 2, 3), ddof=1), rtol=1e-12)
+    np.testing.assert_allclose(host(h[3].data), (1 - mom) * rm + mom * x.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(host(h[4].data), (1 - mom) * rv + mom * x.var(axis=(0, 2, 3), ddof=1), rtol=1e-12)
 
 
 def test_batch_norm_running_stats_against_torch():
@@ -334,9 +334,9 @@ def dropout_case(name="dropout"):
     return OpCase(name, lambda x: ops.dropout(x, P_DROP), [x], lambda x: x)
 
 
-def test_dropout_forward_mask():
+def test_dropout_forward_mask(device):
     case = dropout_case()
-    trainer, _ = compile_case(case)
+    trainer, _ = compile_case(case, device=device)
     x = case.inputs[0]
     out = trainer.predict(DUMMY)
     kept = out != 0
@@ -345,12 +345,12 @@ def test_dropout_forward_mask():
     assert abs(frac - P_DROP) < 0.06, f"dropped fraction {frac}, expected about {P_DROP}"
 
 
-def test_dropout_backward_uses_the_forward_mask():
+def test_dropout_backward_uses_the_forward_mask(device):
     case = dropout_case()
-    trainer, net = compile_case(case)
+    trainer, net = compile_case(case, device=device)
     x, t = case.inputs[0], case.target()
     loss = trainer.step(DUMMY, t)
-    grad = net.holders()[0].grad
+    grad = host(net.holders()[0].grad)
     mask = grad != 0                                          # kept elements have a nonzero gradient
     y = mask * x / (1 - P_DROP)
     assert 0 < mask.mean() < 1
@@ -359,9 +359,9 @@ def test_dropout_backward_uses_the_forward_mask():
     np.testing.assert_allclose(grad, mask / (1 - P_DROP) * upstream, rtol=1e-12, atol=1e-15)
 
 
-def test_dropout_masks_follow_the_seed():
+def test_dropout_masks_follow_the_seed(device):
     case = dropout_case()
-    a, b, c = (compile_case(case, seed=s)[0] for s in (7, 7, 8))
+    a, b, c = (compile_case(case, seed=s, device=device)[0] for s in (7, 7, 8))
     first = a.predict(DUMMY)
     np.testing.assert_array_equal(first, b.predict(DUMMY))
     np.testing.assert_array_equal(a.predict(DUMMY) != 0, b.predict(DUMMY) != 0)

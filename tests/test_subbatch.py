@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import minidnn as mdn
+from harness import host
 from minidnn import models, nn, optim
 from minidnn.memory import MemoryConfig
 from minidnn.memory.subbatch import SubBatchPlan
@@ -18,44 +19,44 @@ NETS = {
 }
 
 
-def full_batch_minimum(name, dtype=np.float32):
+def full_batch_minimum(name, dtype=np.float32, device="cpu"):
     build, shape = NETS[name]
     with pytest.raises(mdn.MemoryBudgetError) as e:
         mdn.compile(build(), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9), dtype=dtype,
-                    memory=MemoryConfig(budget=4096, sub_batching=False))
+                    memory=MemoryConfig(budget=4096, sub_batching=False), device=device)
     return e.value.minimum_bytes
 
 
-def split_budget(name, dtype=np.float32):
+def split_budget(name, dtype=np.float32, device="cpu"):
     """A budget below the full batch's minimum but above the minimum at sub-batch 1."""
-    full = full_batch_minimum(name, dtype)
+    full = full_batch_minimum(name, dtype, device)
     build, shape = NETS[name]
     with pytest.raises(mdn.MemoryBudgetError) as e:     # far too small: the error states the sub-batch minimum
         mdn.compile(build(), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9), memory=4096,
-                    dtype=dtype)
+                    dtype=dtype, device=device)
     assert e.value.minimum_bytes < full
     return (full + e.value.minimum_bytes) // 2
 
 
-def run(name, budget, steps=3, dtype=np.float32):
+def run(name, budget, steps=3, dtype=np.float32, device="cpu"):
     build, shape = NETS[name]
     net = build().init_parameters(0)
     trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
-                          memory=MemoryConfig(budget=budget, poison=True, check=True), dtype=dtype)
+                          memory=MemoryConfig(budget=budget, poison=True, check=True), dtype=dtype, device=device)
     rng = np.random.default_rng(3)
     losses = [trainer.step(rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0]))
               for _ in range(steps)]
-    return trainer, losses, [p.data.copy() for p in net.parameters()]
+    return trainer, losses, [host(p.data).copy() for p in net.parameters()]
 
 
 @pytest.mark.parametrize("name, dtype, rtol", [("lenet5", np.float32, 1e-5), ("vgg11", np.float32, 1e-5),
                                                ("vgg11", np.float64, 1e-12)])
-def test_sub_batches_train_like_the_full_batch(name, dtype, rtol):
+def test_sub_batches_train_like_the_full_batch(name, dtype, rtol, device):
     """In float64 the split step equals the unsplit one to 1e-12: the semantics are exact; in
     float32 the gradients' other summation order stays within 1e-5 over 3 steps."""
-    _, ref_losses, ref = run(name, None, dtype=dtype)
-    budget = split_budget(name, dtype)
-    trainer, losses, got = run(name, budget, dtype=dtype)
+    _, ref_losses, ref = run(name, None, dtype=dtype, device=device)
+    budget = split_budget(name, dtype, device)
+    trainer, losses, got = run(name, budget, dtype=dtype, device=device)
     plan = trainer.plan
     assert isinstance(plan, SubBatchPlan) and plan.k >= 2
     assert trainer.measured_peak_bytes == plan.peak_bytes <= budget

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import minidnn
+from harness import host
 from minidnn import nn as mnn
 from minidnn import optim
 
@@ -21,8 +22,8 @@ TINY = 1e-30
 
 def rel_err(a, b):
     """Norm-relative difference: max|a - b| / max|b|."""
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
+    a = np.asarray(host(a), np.float64)
+    b = np.asarray(host(b), np.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
     if a.size == 0:
         return 0.0
@@ -161,7 +162,7 @@ def assert_buffers_match(net, tnet, tol):
     tsd = tnet.state_dict()
     for k, v in net.state_dict().items():
         if k.endswith("num_batches_tracked"):
-            assert np.asarray(v).shape == () and int(v) == int(tsd[k]), k
+            assert host(v).shape == () and int(v) == int(tsd[k]), k
         elif "running" in k:
             assert rel_err(v, tsd[k].detach().numpy()) < tol, k
 
@@ -191,9 +192,9 @@ def test_torch_state_dict_loads_into_minidnn():
 
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-4), (np.float64, 1e-10)])
 @pytest.mark.parametrize("name", list(NETS))
-def test_loss_and_every_gradient(name, dtype, tol):
+def test_loss_and_every_gradient(name, dtype, tol, device):
     net, tnet, shape = build_pair(name, dtype)
-    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), optimizer=None, dtype=dtype,
+    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), optimizer=None, dtype=dtype, device=device,
                               memory=minidnn.MemoryConfig(check=True, poison=True))
     x, y = batch(shape, 0, dtype)
     loss = trainer.step(x, y)
@@ -213,10 +214,10 @@ def test_loss_and_every_gradient(name, dtype, tol):
     assert_buffers_match(net, tnet, tol)
 
 
-def _run_sgd(name, nesterov, steps=5):
+def _run_sgd(name, nesterov, steps=5, device="cpu"):
     net, tnet, shape = build_pair(name)
     hp = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=nesterov)
-    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), optimizer=optim.SGD(**hp),
+    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), optimizer=optim.SGD(**hp), device=device,
                               memory=minidnn.MemoryConfig(check=True, poison=True))
     topt = torch.optim.SGD(tnet.parameters(), **hp)
     losses, tlosses = [], []
@@ -233,8 +234,8 @@ def _run_sgd(name, nesterov, steps=5):
 
 @pytest.mark.parametrize("nesterov", [False, True], ids=["momentum", "nesterov"])
 @pytest.mark.parametrize("name", list(NETS))
-def test_sgd_trajectory(name, nesterov):
-    net, tnet, losses, tlosses, _ = _run_sgd(name, nesterov)
+def test_sgd_trajectory(name, nesterov, device):
+    net, tnet, losses, tlosses, _ = _run_sgd(name, nesterov, device=device)
     for s, (a, b) in enumerate(zip(losses, tlosses)):
         assert abs(a - b) <= 1e-4 * abs(b), (s, a, b)
     # the weights actually moved, so agreement of the final parameters means something
@@ -248,9 +249,9 @@ def test_sgd_trajectory(name, nesterov):
     assert_buffers_match(net, tnet, 1e-4)
 
 
-def test_adam_resnet():
+def test_adam_resnet(device):
     net, tnet, shape = build_pair("resnet")
-    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(),
+    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), device=device,
                               optimizer=optim.Adam(lr=1e-3, weight_decay=1e-4),
                               memory=minidnn.MemoryConfig(check=True, poison=True))
     topt = torch.optim.Adam(tnet.parameters(), lr=1e-3, weight_decay=1e-4)

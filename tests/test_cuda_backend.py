@@ -1,0 +1,287 @@
+"""The CUDA backend's parts that run anywhere (the cuDNN binding's loading, versions and errors; why
+the backend is unavailable; ``minidnn info``) and, on a GPU, cuDNN's algorithms reaching the planner.
+
+Ops, gradients and memory plans run on CUDA through the ``device`` fixture of the other tests.
+"""
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+import minidnn as mdn
+from conftest import cuda_unavailable_reason
+from harness import host
+from minidnn import nn, optim
+from minidnn.backend import get_backend
+from minidnn.backend.cuda import loader
+
+needs_gpu = pytest.mark.skipif(cuda_unavailable_reason() is not None, reason=cuda_unavailable_reason() or "")
+
+
+def binding_or_skip():
+    try:
+        return loader.load_binding()
+    except ImportError as e:
+        pytest.skip(f"the cuDNN binding is not available here: {e}")
+
+
+# -- the binding, without a GPU ---------------------------------------------------------------------
+
+def test_binding_reports_the_loaded_cudnn_version():
+    b = binding_or_skip()
+    v, built = b.version(), b.header_version()
+    assert v >= 8000 and built >= 8000
+    assert v // 10000 == built // 10000 if built >= 10000 else v // 1000 == built // 1000   # same major
+    assert b.cudart_version() > 0
+
+
+def test_binding_names_cudnns_algorithms():
+    b = binding_or_skip()
+    assert b.FWD_ALGOS[:2] == ["IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM"] and len(b.FWD_ALGOS) == 8
+    assert len(b.BWD_DATA_ALGOS) == 6 and len(b.BWD_FILTER_ALGOS) == 7
+    assert "WINOGRAD_NONFUSED" in b.BWD_FILTER_ALGOS
+
+
+def test_cudnn_failures_raise_with_cudnns_status_string():
+    b = binding_or_skip()
+    assert b.error_string(b.STATUS_SUCCESS) == "CUDNN_STATUS_SUCCESS"
+    b.check_status(b.STATUS_SUCCESS, "nothing")             # success raises nothing
+    with pytest.raises(b.CudnnError) as e:
+        b.check_status(b.STATUS_BAD_PARAM, "cudnnSomething(x)")
+    assert isinstance(e.value, RuntimeError)
+    assert "CUDNN_STATUS_BAD_PARAM" in str(e.value) and "cudnnSomething(x)" in str(e.value)
+    assert e.value.status == b.STATUS_BAD_PARAM
+
+
+def test_a_handle_without_a_gpu_is_a_python_error():
+    b = binding_or_skip()
+    if cuda_unavailable_reason() is None:
+        pytest.skip("a GPU is present: a handle is created")
+    with pytest.raises(b.CudnnError, match="cudnnCreate"):
+        b.Handle(0)
+
+
+def test_descriptor_rejects_an_unknown_dtype():
+    b = binding_or_skip()
+    with pytest.raises(TypeError, match="int8"):
+        b.Conv(1, 1, 4, 4, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, "int8")
+
+
+# -- availability, without a GPU ----------------------------------------------------------------------
+
+def _net():
+    return nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 6 * 6, 3)).init_parameters(0)
+
+
+def test_unavailable_cuda_backend_says_why():
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        pytest.skip("the cuda backend is available here")
+    with pytest.raises(mdn.BackendUnavailable) as e:
+        mdn.compile(_net(), (2, 1, 8, 8), nn.CrossEntropyLoss(), device="cuda")
+    msg = str(e.value)
+    assert msg.startswith("the cuda backend cannot run here: ")
+    for problem in loader.status().problems:
+        assert problem in msg
+
+
+def test_missing_cupy_is_named_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)            # `import cupy` raises ImportError
+    s = loader.status()
+    assert not s.available and s.cupy_version is None
+    assert any("cupy does not import" in p and "minidnn[cuda]" in p for p in s.problems)
+    with pytest.raises(mdn.BackendUnavailable, match="cupy does not import"):
+        get_backend("cuda")
+
+
+def test_unbuilt_binding_is_named(monkeypatch):
+    real = importlib.import_module
+
+    def fake(name, *a, **kw):
+        if name == "minidnn._cudnn":
+            raise ModuleNotFoundError("No module named 'minidnn._cudnn'")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(loader.importlib, "import_module", fake)
+    s = loader.status()
+    assert s.binding is None and s.cudnn_version is None
+    assert any("minidnn._cudnn was not built" in p for p in s.problems)
+    assert "  cuDNN binding: not available" in s.lines()
+
+
+def test_unknown_device_is_a_value_error():
+    with pytest.raises(ValueError, match="'tpu'"):
+        get_backend("tpu")
+
+
+def test_info_reports_cuda_cudnn_and_cupy(capsys):
+    from minidnn.cli import main
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    s = loader.status()
+    assert f"cuda backend: {'available' if s.available else 'not available'}" in out
+    for p in s.problems:
+        assert f"problem: {p}" in out
+    assert ("cupy: " + (s.cupy_version or "not installed")) in out
+    if s.binding:
+        assert f"cuDNN binding: {s.binding}" in out and "cuDNN library: " in out
+
+
+def test_pareto_pairs_keep_only_pairs_nothing_beats():
+    conv = pytest.importorskip("minidnn.backend.cuda.conv", reason="CuPy is not installed")
+    data = {"ALGO_0": (0, 3.0), "ALGO_1": (100, 1.0)}
+    filt = {"ALGO_0": (0, 2.0), "ALGO_1": (50, 1.0), "FFT": (500, 5.0)}
+    front = conv._pareto_pairs(data, filt)
+    # ALGO_1/ALGO_0 (3 s, 100 B) loses to ALGO_1/ALGO_1 (2 s, 100 B); FFT pairs are slow and large
+    assert [p[0] for p in front] == ["ALGO_1/ALGO_1", "ALGO_0/ALGO_1", "ALGO_0/ALGO_0"]
+    assert front[0] == ("ALGO_1/ALGO_1", 100, 2.0)
+    assert all(a[2] <= b[2] and a[1] > b[1] for a, b in zip(front, front[1:]))
+
+
+# -- on a GPU -------------------------------------------------------------------------------------------
+
+@needs_gpu
+def test_plans_on_cuda_choose_among_cudnns_algorithms():
+    backend = get_backend("cuda")
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.Flatten(),
+                        nn.Linear(8 * 16 * 16, 10)).init_parameters(0)
+    trainer = mdn.compile(net, (4, 3, 16, 16), nn.CrossEntropyLoss(), optim.SGD(lr=0.1), device=backend)
+    cudnn = backend.cudnn
+    convs = [s for s in trainer.plan.steps if s.node is not None and s.node.op.name == "conv2d"
+             and s.kind in ("forward", "backward")]
+    assert convs
+    for s in convs:
+        assert s.algo is not None
+        halves = [s.algo] if s.kind == "forward" else s.algo.split("/")
+        names = [cudnn.FWD_ALGOS] if s.kind == "forward" else [cudnn.BWD_DATA_ALGOS, cudnn.BWD_FILTER_ALGOS]
+        assert all(h in n for h, n in zip(halves, names)), s.algo
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 4)
+    losses = [trainer.step(x, y) for _ in range(5)]
+    assert losses[-1] < losses[0]
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes
+
+
+@needs_gpu
+def test_cudnn_algorithms_have_workspaces_and_measured_times():
+    from minidnn.graph import Spec
+    from minidnn.ops.conv import Conv2dOp
+    from minidnn.ops.conv_algos import Geom
+    backend = get_backend("cuda")
+    op = Conv2dOp(padding=1)
+    ins, outs = [Spec((8, 16, 32, 32), np.float32), Spec((32, 16, 3, 3), np.float32)], \
+        [Spec((8, 32, 32, 32), np.float32)]
+    geom = Geom.of(op, ins[0], ins[1], outs[0])
+    for pass_ in ("forward", "backward"):
+        timed = backend.conv.timed(geom, pass_)
+        assert timed
+        secs = [t for _, t in timed.values()]
+        assert secs == sorted(secs) and secs[0] > 0
+        assert all(a.workspace >= 0 for a, _ in timed.values())
+
+
+@needs_gpu
+def test_conv_forward_with_every_algorithm_agrees_in_float64():
+    from minidnn.executor import Context
+    from minidnn.graph import Spec
+    from minidnn.ops.conv import Conv2dOp
+    backend = get_backend("cuda")
+    xp = backend.xp
+    op = Conv2dOp(stride=1, padding=1)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 3, 9, 9)), rng.standard_normal((4, 3, 3, 3))
+    ins, outs = [Spec(x.shape, np.float64), Spec(w.shape, np.float64)], [Spec((2, 4, 9, 9), np.float64)]
+    cpu = get_backend("cpu")
+    want = np.empty((2, 4, 9, 9))
+    op.forward(Context.on(cpu, rng), [x, w], [want], cpu.empty(op.workspace(ins, outs)))
+    for algo in backend.conv.algorithms(op, ins, outs, "forward"):
+        got = xp.empty((2, 4, 9, 9))
+        ctx = Context.on(backend, rng)
+        ctx.algo = algo.name
+        with backend.compute_scope():
+            op.forward(ctx, [xp.asarray(x), xp.asarray(w)], [got], backend.empty(algo.workspace))
+        np.testing.assert_allclose(host(got), want, rtol=1e-10, atol=1e-12, err_msg=algo.name)
+
+
+# -- the planner with a device's own algorithms (a stand-in for cuDNN: no GPU needed) ----------------
+
+class _FakeConv:
+    """Two forward and two backward "cuDNN" algorithms per layer: fast with a large workspace, slow
+    with none; times from a table, as Find would measure them."""
+
+    def __init__(self):
+        from minidnn.ops.base import Algo
+        self.lists = {"forward": [(Algo("FAST", 1 << 20, 1.0), 1e-3), (Algo("SMALL", 0, 3.0), 3e-3)],
+                      "backward": [(Algo("ALGO_1/ALGO_1", 2 << 20, 1.0), 2e-3), (Algo("ALGO_0/ALGO_0", 0, 4.0), 8e-3)]}
+
+    def algorithms(self, op, ins, outs, pass_):
+        return [a for a, _ in self.lists[pass_]]
+
+    def seconds(self, op, ins, outs, pass_, name):
+        return dict((a.name, t) for a, t in self.lists[pass_])[name]
+
+
+def test_the_planner_takes_a_devices_algorithms_and_times():
+    from types import SimpleNamespace
+
+    from minidnn.autograd import build_schedule
+    from minidnn.backend.cuda.cost import DeviceCost
+    from minidnn.graph import trace
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.memory.costmodel import ProfileCost
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.Flatten(),
+                        nn.Linear(8 * 8 * 8, 10)).init_parameters(0)
+    sched = build_schedule(trace(net, (4, 3, 8, 8), loss=nn.CrossEntropyLoss()), optimizer=optim.SGD(lr=0.1))
+    cost = DeviceCost(ProfileCost("h200-141gb"), SimpleNamespace(conv=_FakeConv()))
+    convs = [s for s in sched.steps if s.node is not None and s.node.op.name == "conv2d"
+             and s.kind in ("forward", "backward")]
+    assert {cost.step_seconds(sched, s, _FakeConv().lists[s.kind][1][0]) for s in convs} == {3e-3, 8e-3}
+    free = plan_memory(sched, MemoryConfig(), cost)
+    assert {free.algos[s.index].name for s in convs} == {"FAST", "ALGO_1/ALGO_1"}     # the fastest, unlimited
+    tight = plan_memory(sched, MemoryConfig(budget=free.peak_bytes - (1 << 20)), cost)
+    assert tight.peak_bytes <= tight.budget
+    assert any(tight.algos[s.index].workspace < free.algos[s.index].workspace for s in convs)
+
+
+@pytest.mark.parametrize("ctype", ["float", "double"])
+def test_raw_kernels_compile_with_nvrtc(ctype):
+    """The CUDA C of the reduction and pooling kernels compiles (NVRTC needs no GPU)."""
+    kernels = pytest.importorskip("minidnn.backend.cuda.kernels", reason="CuPy is not installed")
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+    except Exception as e:
+        pytest.skip(f"NVRTC is not available: {e}")
+    for source in (kernels._REDUCE, kernels._POOL):
+        prog = nvrtc.createProgram(f"typedef {ctype} T;\n" + source, "minidnn.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, ["--std=c++14", "--gpu-architecture=compute_80"])
+        except Exception as e:
+            pytest.fail(f"{e}\n{nvrtc.getProgramLog(prog)}")
+
+
+class _DeviceArray:
+    """Stands in for a CuPy array: only ``get()`` gives its data to the host."""
+
+    def __init__(self, a):
+        self._a, self.shape, self.dtype = np.array(a), np.shape(a), np.asarray(a).dtype
+
+    def get(self):
+        return self._a.copy()
+
+    def __array__(self, *a, **kw):
+        raise TypeError("implicit conversion to a NumPy array is not allowed")
+
+
+def test_state_dicts_and_checkpoints_copy_device_arrays_to_the_host(tmp_path):
+    from minidnn.backend import to_numpy
+    from minidnn.checkpoint import load_state_dict_file, save_checkpoint
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(to_numpy(_DeviceArray(a)), a)
+    lin = nn.Linear(3, 2).init_parameters(0)
+    lin.load_state_dict({"weight": _DeviceArray(a), "bias": _DeviceArray(np.ones(2, np.float32))})
+    assert np.array_equal(lin.weight.data, a) and np.array_equal(lin.bias.data, np.ones(2))
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, {"weight": _DeviceArray(a)}, {})
+    assert np.array_equal(load_state_dict_file(path)["weight"], a)
