@@ -62,7 +62,8 @@ __device__ int window_argmax(const T* x, int H, int W, int oh, int ow, Win g) {
     return best;
 }
 
-extern "C" __global__ void maxpool_fwd(const T* x, T* y, long long planes, int H, int W, int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw) {
+extern "C" __global__ void maxpool_fwd(const T* x, T* y, long long planes, int H, int W, int OH, int OW,
+                                       int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw) {
     const Win g = {kh, kw, sh, sw, ph, pw, dh, dw};
     const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (t >= planes * OH * OW) return;
@@ -104,7 +105,8 @@ __device__ int avg_count(int H, int W, int oh, int ow, Win g, bool include_pad) 
     return (h1 - max(h0, 0)) * (w1 - max(w0, 0));
 }
 
-extern "C" __global__ void avgpool_fwd(const T* x, T* y, long long planes, int H, int W, int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw,
+extern "C" __global__ void avgpool_fwd(const T* x, T* y, long long planes, int H, int W, int OH, int OW,
+                                       int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw,
                                        bool include_pad) {
     const Win g = {kh, kw, sh, sw, ph, pw, dh, dw};
     const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
@@ -123,7 +125,8 @@ extern "C" __global__ void avgpool_fwd(const T* x, T* y, long long planes, int H
     y[t] = (T)(s / avg_count(H, W, oh, ow, g, include_pad));
 }
 
-extern "C" __global__ void avgpool_bwd(const T* gy, T* gx, long long planes, int H, int W, int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw,
+extern "C" __global__ void avgpool_bwd(const T* gy, T* gx, long long planes, int H, int W, int OH, int OW,
+                                       int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw,
                                        bool include_pad) {
     const Win g = {kh, kw, sh, sw, ph, pw, dh, dw};
     const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
