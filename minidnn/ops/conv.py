@@ -23,6 +23,11 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
+def _conv(ctx):
+    """The backend's convolution algorithms; the CPU's for a context that names none."""
+    return getattr(ctx, "conv", None) or conv_algos
+
+
 def conv_out_size(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
@@ -72,12 +77,12 @@ class Conv2dOp(Op):
 
     def forward(self, ctx, ins, outs, ws):
         b = ins[2] if len(ins) > 2 else None
-        ctx.conv.forward(self, ctx.k, ins[0], ins[1], b, outs[0], ws, getattr(ctx, "algo", None))
+        _conv(ctx).forward(self, ctx.k, ins[0], ins[1], b, outs[0], ws, getattr(ctx, "algo", None))
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         gb = gins[2] if len(gins) > 2 else None
-        ctx.conv.backward(self, ctx.k, ins[0], ins[1], gouts[0], gins[0], gins[1], gb, ws,
-                          getattr(ctx, "algo", None))
+        _conv(ctx).backward(self, ctx.k, ins[0], ins[1], gouts[0], gins[0], gins[1], gb, ws,
+                            getattr(ctx, "algo", None))
 
 
 class ConvTranspose2dOp(Op):
@@ -149,7 +154,7 @@ class ConvTranspose2dOp(Op):
     def forward(self, ctx, ins, outs, ws):
         x, w = ins[0], ins[1]
         y = outs[0]
-        own = getattr(ctx.conv, "transpose_forward", None)   # a backend with its own (cuDNN)
+        own = getattr(_conv(ctx), "transpose_forward", None)   # a backend with its own (cuDNN)
         if own is not None:
             own(self, ctx.k, x, w, ins[2] if len(ins) > 2 else None, y, ws)
             return
@@ -172,7 +177,7 @@ class ConvTranspose2dOp(Op):
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         x, w = ins[0], ins[1]
         gy = gouts[0]
-        own = getattr(ctx.conv, "transpose_backward", None)
+        own = getattr(_conv(ctx), "transpose_backward", None)
         if own is not None:
             own(self, ctx.k, x, w, gy, gins[0], gins[1], gins[2] if len(gins) > 2 else None, ws)
             return
