@@ -285,3 +285,61 @@ def test_state_dicts_and_checkpoints_copy_device_arrays_to_the_host(tmp_path):
     path = tmp_path / "m.safetensors"
     save_checkpoint(path, {"weight": _DeviceArray(a)}, {})
     assert np.array_equal(load_state_dict_file(path)["weight"], a)
+
+
+class _FakeCudnn:
+    """The parts of minidnn._cudnn that CudnnConv's algorithm lists use, without a GPU."""
+
+    STATUS_SUCCESS = 0
+    FWD_ALGOS = ["IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD",
+                 "WINOGRAD_NONFUSED"]
+    BWD_DATA_ALGOS = ["ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"]
+    BWD_FILTER_ALGOS = ["ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"]
+
+    class Conv:
+        def __init__(self, n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups, dtype, tf32):
+            self.output_shape = [n, o, (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
+                                 (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1]
+
+        def forward_workspace(self, handle, algo):
+            return 1000 * algo
+
+        backward_data_workspace = backward_filter_workspace = forward_workspace
+
+    @staticmethod
+    def version():
+        return 91000
+
+
+def test_find_times_are_cached_on_disk_so_every_trainer_plans_the_same(tmp_path):
+    conv_mod = pytest.importorskip("minidnn.backend.cuda.conv", reason="CuPy is not installed")
+    from minidnn.algo_cache import AlgoCache
+    from minidnn.ops.conv_algos import Geom
+    g = Geom(2, 3, 8, 8, 4, 3, 3, 8, 8, (1, 1), (1, 1), (1, 1), 1, np.dtype(np.float32))
+    runs = []
+
+    def fake_find(self, geom, pass_):
+        runs.append(pass_)
+        if pass_ == "forward":
+            return {"forward": {"GEMM": (2000, 2e-3), "IMPLICIT_GEMM": (0, 5e-3)}}
+        return {"data": {"ALGO_1": (1000, 1e-3), "ALGO_0": (0, 3e-3)},
+                "filter": {"ALGO_1": (1000, 1e-3), "ALGO_0": (0, 4e-3)}}
+
+    cache = AlgoCache(tmp_path / "algos.json")
+    first = conv_mod.CudnnConv(_FakeCudnn, None, cache=cache, device_name="Fake GPU")
+    second = conv_mod.CudnnConv(_FakeCudnn, None, cache=cache, device_name="Fake GPU")
+    for c in (first, second):
+        c._find = fake_find.__get__(c)
+    a = {p: first.timed(g, p) for p in ("forward", "backward")}
+    assert runs == ["forward", "backward"]
+    b = {p: second.timed(g, p) for p in ("forward", "backward")}
+    assert runs == ["forward", "backward"], "the second backend measured again instead of reading the cache"
+    assert a == b
+    assert [al.name for al, _ in a["forward"].values()] == ["GEMM", "IMPLICIT_GEMM"]
+    assert a["forward"]["GEMM"][0].workspace == 2000            # the workspace is cuDNN's, asked again
+    assert list(a["backward"]) == ["ALGO_1/ALGO_1", "ALGO_0/ALGO_0"]   # the time/workspace front
+    assert a["backward"]["ALGO_0/ALGO_0"][1] == pytest.approx(7e-3)
+    other = conv_mod.CudnnConv(_FakeCudnn, None, cache=cache, device_name="Another GPU")
+    other._find = fake_find.__get__(other)
+    other.timed(g, "forward")
+    assert runs[-1] == "forward" and len(runs) == 3           # another GPU's times are its own

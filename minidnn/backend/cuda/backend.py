@@ -24,10 +24,11 @@ class CUDABackend:
     name = "cuda"
     xp = cp
 
-    def __init__(self, device=0, tf32=False, deterministic=True):
+    def __init__(self, device=0, tf32=False, deterministic=True, algo_cache=None):
         """``tf32``: let cuDNN use TF32 tensor cores for float32 convolutions (PyTorch's default;
         off by default so float32 results are float32-accurate). ``deterministic``: list only
-        deterministic cuDNN algorithms, so budgets keep runs bitwise identical."""
+        deterministic cuDNN algorithms, so budgets keep runs bitwise identical. ``algo_cache``:
+        where Find's times are kept (an ``AlgoCache``; None: the default file; False: none)."""
         self.device = cp.cuda.Device(device)
         self.device.use()
         # a blocking stream: work on the legacy default stream (parameters moved in, a user's own
@@ -36,7 +37,11 @@ class CUDABackend:
         self.cudnn = load_binding()
         self.handle = self.cudnn.Handle(self.stream.ptr)
         self.k = CudaKernels()
-        self.conv = CudnnConv(self.cudnn, self.handle, tf32=tf32, deterministic=deterministic)
+        if algo_cache is None:
+            from ...algo_cache import AlgoCache
+            algo_cache = AlgoCache()
+        self.conv = CudnnConv(self.cudnn, self.handle, tf32=tf32, deterministic=deterministic,
+                              cache=algo_cache or None, device_name=self._device_name())
         self.cudnn_version = self.cudnn.version()
 
     # -- memory -------------------------------------------------------------
@@ -98,10 +103,12 @@ class CUDABackend:
         """Nothing for the profiling pass to time: :meth:`planning_cost` answers with Find's times."""
         return {}
 
-    def describe(self) -> str:
+    def _device_name(self) -> str:
         p = cp.cuda.runtime.getDeviceProperties(self.device.id)
-        name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
-        return f"cuda:{self.device.id} {name} (CuPy {cp.__version__}, cuDNN {self.cudnn_version})"
+        return p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+
+    def describe(self) -> str:
+        return f"cuda:{self.device.id} {self._device_name()} (CuPy {cp.__version__}, cuDNN {self.cudnn_version})"
 
     def close(self):
         self.handle.close()

@@ -13,8 +13,16 @@ bitwise identical to the unlimited run.
 
 ``algo=None`` (a plan that pins defaults) runs the first algorithm of cuDNN's
 heuristics whose workspace fits the buffer handed in.
+
+Find's times go to the on-disk algorithm cache the CPU's measurements use
+(``minidnn.algo_cache``), keyed by layer, pass, GPU and cuDNN version: every
+trainer of the machine then sees the same times and plans the same algorithms
+(Find's timing noise would otherwise let two runs of one model pick different
+algorithms and differ in the last bits).
 """
 from __future__ import annotations
+
+import json
 
 import cupy as cp
 import numpy as np
@@ -36,9 +44,11 @@ def _ptr(a):
 class CudnnConv:
     """cuDNN convolutions on one handle (bound to the backend's compute stream)."""
 
-    def __init__(self, cudnn, handle, tf32=False, deterministic=True):
+    def __init__(self, cudnn, handle, tf32=False, deterministic=True, cache=None, device_name=""):
+        """``cache``: an ``algo_cache.AlgoCache`` for Find's times (None: measure every time)."""
         self.cudnn, self.handle = cudnn, handle
         self.tf32, self.deterministic = tf32, deterministic
+        self.cache, self.device_name = cache, device_name
         self._descs = {}      # Geom -> cudnn.Conv
         self._found = {}      # (Geom, pass) -> {name: (Algo, seconds)}
 
@@ -87,11 +97,42 @@ class CudnnConv:
         cp.cuda.get_current_stream().synchronize()
         return out
 
+    def _cache_key(self, g: Geom, pass_) -> str:
+        return json.dumps({"v": 1, "op": "conv2d", "pass": pass_, "backend": "cuda", "device": self.device_name,
+                           "cudnn": self.cudnn.version(), "tf32": self.tf32, "deterministic": self.deterministic,
+                           "geom": [g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.oh, g.ow, list(g.stride),
+                                    list(g.padding), list(g.dilation), g.groups], "dtype": np.dtype(g.dtype).name},
+                          sort_keys=True, separators=(",", ":"))
+
+    def _halves(self, g: Geom, pass_):
+        """Find's {role: {name: (workspace, seconds)}}, from the cache when it has this layer."""
+        key = self._cache_key(g, pass_) if self.cache else None
+        hit = self.cache.get(key) if self.cache else None
+        roles = ("forward",) if pass_ == "forward" else ("data", "filter")
+        if hit:
+            d = self.desc(g)
+            ws_of = {"forward": (d.forward_workspace, self.cudnn.FWD_ALGOS),
+                     "data": (d.backward_data_workspace, self.cudnn.BWD_DATA_ALGOS),
+                     "filter": (d.backward_filter_workspace, self.cudnn.BWD_FILTER_ALGOS)}
+            out = {r: {} for r in roles}
+            for k, t in hit.items():
+                role, name = k.split(":", 1)
+                fn, names = ws_of.get(role, (None, ()))
+                ws = fn(self.handle, names.index(name)) if role in out and name in names else None
+                if ws is not None:
+                    out[role][name] = (ws, t)
+            if all(out[r] for r in roles):
+                return out
+        out = self._find(g, pass_)
+        if self.cache:
+            self.cache.put(key, {f"{r}:{n}": t for r in out for n, (_, t) in out[r].items()})
+        return out
+
     def timed(self, g: Geom, pass_) -> dict:
-        """{name: (Algo, seconds)} for ``pass_``, fastest first (Find runs once per layer shape)."""
+        """{name: (Algo, seconds)} for ``pass_``, fastest first (Find runs once per layer shape and GPU)."""
         key = (g, pass_)
         if key not in self._found:
-            halves = self._find(g, pass_)
+            halves = self._halves(g, pass_)
             if pass_ == "forward":
                 items = [(n, ws, t) for n, (ws, t) in halves["forward"].items()]
             else:
