@@ -42,6 +42,9 @@ void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,
 void relu_backward(py::object y, py::object gy, py::object gx);
 void add_inplace(py::object dst, py::object src);
 
+// placement.cpp ------------------------------------------------------------
+py::array_t<int64_t> place_buffers(py::object starts, py::object ends, py::object sizes, int64_t base);
+
 // conv_direct.cpp ----------------------------------------------------------
 void conv2d_direct_forward(py::object x, py::object w, py::object b, py::object y, index_t sh,
                            index_t sw, index_t ph, index_t pw, index_t dh, index_t dw,

@@ -8,6 +8,7 @@ arena; everything else is placed in it by the planner.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .graph import Spec
 
@@ -84,6 +85,12 @@ class Schedule:
     def arena_tensors(self):
         return [t for t in self.tensors if not t.persistent]
 
-    @property
+    @cached_property
     def persistent_bytes(self) -> int:
+        """Bytes of the persistent region (the tensor list is complete once the schedule is built)."""
         return sum(aligned(t.nbytes) for t in self.tensors if t.persistent)
+
+    @cached_property
+    def arena_bytes_no_reuse(self) -> int:
+        """Every arena tensor in a buffer of its own: the arena of the "ideal" figure."""
+        return sum(aligned(t.nbytes) for t in self.tensors if not t.persistent)

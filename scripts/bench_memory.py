@@ -17,6 +17,7 @@ import time
 
 from minidnn import MemoryBudgetError, models
 from minidnn.memory import MemoryConfig, format_bytes, parse_bytes, plan_memory
+from minidnn.memory.planner import minimum_bytes
 from minidnn.report import shapes_only, training_schedule
 
 CASES = [("vgg16", 64), ("vgg16", 128), ("vgg16", 256), ("resnet50", 32), ("resnet50", 128), ("resnet50", 256),
@@ -48,6 +49,17 @@ def row(name, batch, profiles, budgets):
         base = plan_memory(sched, MemoryConfig(profile=profiles[0]))
     return (f"| {name} | {batch} | {gib(base.ideal_bytes)} | {gib(base.liveness_peak_bytes)} | "
             f"{gib(base.lower_bound_bytes)} | " + " | ".join(cells) + " |")
+
+
+def floor(name, batch):
+    """(ideal, minimum at the full batch, minimum at sub-batches of 1) in bytes: the memory floor."""
+    def schedule(b):
+        with shapes_only():
+            net = models.get(name)
+        return training_schedule(net, (b, 3, 224, 224))[1]
+    full = schedule(batch)
+    ideal = plan_memory(full, MemoryConfig()).ideal_bytes
+    return ideal, minimum_bytes(full), minimum_bytes(schedule(1))
 
 
 def deepest(profile, budget, batch=16):
@@ -86,6 +98,10 @@ def main():
     for name, batch in CASES:
         print(row(name, batch, profiles, budgets), flush=True)
     print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
+    ideal, full, one = floor("vgg16", 256)
+    print(f"\nmemory floor, vgg16 batch 256 at 224x224: ideal {gib(ideal)} GiB; minimum {gib(full)} GiB at the full "
+          f"batch ({ideal / full:.1f}x less than ideal), {gib(one)} GiB in sub-batches of 1 "
+          f"({ideal / one:.1f}x less; moDNN reports up to 59x)")
     if args.deepest:
         print(f"deepest ResNet at batch 16, 224x224, within 12 GiB on {profiles[0]}: "
               f"~{deepest(profiles[0], 12 * 2**30)} layers")

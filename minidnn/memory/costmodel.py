@@ -1,7 +1,8 @@
 """Step times for the planner and the simulator: from a device profile, or measured.
 
-A :class:`CostModel` answers two questions: how long a step of the schedule
-computes, and how long a copy of n bytes between device and host takes.
+A cost model answers three questions: how long a step of the schedule
+computes, how long a copy of n bytes between device and host takes, and what
+fraction of a copy's time compute running beside it keeps (``copy_overlap``).
 ``ProfileCost`` derives both from a :class:`DeviceProfile` (no kernel runs);
 ``MeasuredCost`` takes per-step times measured on the running backend (by the
 executor's profiling pass) and the copy bandwidth measured there.
@@ -32,12 +33,18 @@ class ProfileCost:
     def transfer_seconds(self, nbytes) -> float:
         return self.profile.transfer_seconds(nbytes)
 
+    @property
+    def copy_overlap(self) -> float:
+        return self.profile.copy_overlap
+
 
 class MeasuredCost:
-    """Times measured on the backend: ``seconds[i]`` for schedule step i, copies at ``bandwidth`` B/s."""
+    """Times measured on the backend: ``seconds[i]`` for schedule step i, copies at ``bandwidth`` B/s,
+    of which compute beside them loses ``1 - copy_overlap``."""
 
-    def __init__(self, seconds, bandwidth, latency=20e-6, algo_seconds=None):
+    def __init__(self, seconds, bandwidth, latency=20e-6, algo_seconds=None, copy_overlap=1.0):
         self.seconds, self.bandwidth, self.latency = list(seconds), bandwidth, latency
+        self.copy_overlap = copy_overlap
         self.algo_seconds = algo_seconds or {}     # (step index, algorithm name) -> seconds
 
     def step_seconds(self, schedule, step, algo=None) -> float:
@@ -47,3 +54,27 @@ class MeasuredCost:
 
     def transfer_seconds(self, nbytes) -> float:
         return nbytes / self.bandwidth + self.latency
+
+
+class CachedCost:
+    """A cost model's step times for one schedule, each computed once: the planner asks for
+    the same step's time in every candidate plan it builds and simulates."""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self._seconds = {}
+
+    def step_seconds(self, schedule, step, algo=None) -> float:
+        key = (step.index, algo)
+        t = self._seconds.get(key)
+        if t is None:
+            t = self._seconds[key] = self.cost.step_seconds(schedule, step, algo)
+        return t
+
+    def transfer_seconds(self, nbytes) -> float:
+        return self.cost.transfer_seconds(nbytes)
+
+    def __getattr__(self, name):           # the wrapped model's other attributes (profile, seconds)
+        if name == "cost":
+            raise AttributeError(name)
+        return getattr(self.cost, name)

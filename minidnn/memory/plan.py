@@ -30,7 +30,7 @@ class Plan:
 
     schedule: object
     program: object
-    offsets: dict
+    offsets: list
     persistent_bytes: int
     arena_bytes: int
     ideal_bytes: int

@@ -14,33 +14,41 @@ from ..errors import MemoryBudgetError
 from ..schedule import aligned
 from . import placement
 from .config import MemoryConfig, format_bytes
-from .costmodel import ProfileCost
+from .costmodel import CachedCost, ProfileCost
 from .plan import Plan
 from .program import Evict, lower, touches
 from .simulator import memory_curve, simulate, step_costs
 
 
 def place_program(program):
-    """Offsets for every residency; the better of one pool and separate resident/mobile regions.
+    """Offsets for every residency: resident and mobile (offloaded, prefetched, recomputed) tensors
+    in separate regions, so the short-lived mobile buffers do not fragment the long-lived ones;
+    where that still fragments by more than 1% of the arena, one pool is tried too and the smaller
+    arena wins.
 
     Returns (offsets by residency index, arena bytes, placement name).
     """
     res = program.residencies
-    spans = {k: (r.start, r.end) for k, r in enumerate(res)}
-    sizes = {k: aligned(program.tensors[r.tensor].nbytes) for k, r in enumerate(res)}
-    single = placement.place(spans, sizes)
-    best = (single, placement.peak(single, sizes), "single pool")
-    mobile_t = {r.tensor for r in res if r.origin != "compute" or r.wait_offload is not None}
-    if mobile_t:
-        fixed = {k: s for k, s in spans.items() if res[k].tensor not in mobile_t}
-        moving = {k: s for k, s in spans.items() if res[k].tensor in mobile_t}
-        a = placement.place(fixed, sizes)
-        base = placement.peak(a, sizes)
-        a.update(placement.place(moving, sizes, base=base))
-        pk = placement.peak(a, sizes)
-        if pk < best[1]:
-            best = (a, pk, "resident and mobile regions")
-    return best
+    starts = np.fromiter((r.start for r in res), np.int64, len(res))
+    ends = np.fromiter((r.end for r in res), np.int64, len(res))
+    sizes = program.residency_bytes()
+    moving = np.fromiter((r.origin != "compute" or r.wait_offload is not None for r in res), bool, len(res))
+    moving = np.isin(np.fromiter((r.tensor for r in res), np.int64, len(res)),
+                     np.fromiter((r.tensor for r, m in zip(res, moving) if m), np.int64))
+    candidates = []
+    if moving.any():
+        fixed = ~moving
+        both = np.empty(len(res), np.int64)
+        both[fixed] = placement.place(starts[fixed], ends[fixed], sizes[fixed])
+        base = placement.peak(both[fixed], sizes[fixed])
+        both[moving] = placement.place(starts[moving], ends[moving], sizes[moving], base=base)
+        candidates.append((both, placement.peak(both, sizes), "resident and mobile regions"))
+    live = int(memory_curve(program).max(initial=0))
+    if not candidates or candidates[0][1] - live > candidates[0][1] // 100:
+        single = placement.place(starts, ends, sizes)
+        candidates.append((single, placement.peak(single, sizes), "single pool"))
+    offsets, arena, how = min(candidates, key=lambda c: c[1])
+    return offsets.tolist(), arena, how
 
 
 def algorithm_options(schedule, cost) -> dict:
@@ -80,17 +88,18 @@ def lower_bound(schedule, algos=None) -> int:
     return schedule.persistent_bytes + best
 
 
-def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None) -> Plan:
-    """Lower, place and simulate ``evictions`` with ``algos``; the Plan (not yet checked against a budget)."""
-    program = lower(schedule, evictions, touch, algos)
+def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
+              program=None) -> Plan:
+    """Lower (unless ``program`` is that lowering already), place and simulate ``evictions`` with
+    ``algos``; the Plan (not yet checked against a budget)."""
+    program = program if program is not None else lower(schedule, evictions, touch, algos)
     offsets, arena, how = place_program(program)
     for k, r in enumerate(program.residencies):
         r.offset = offsets[k]
     persistent = schedule.persistent_bytes
-    sizes = [aligned(t.nbytes) for t in schedule.tensors if not t.persistent]
     sim = simulate(program, schedule, cost, algos=algos) if cost is not None else None
     return Plan(schedule=schedule, program=program, offsets=offsets, persistent_bytes=persistent,
-                arena_bytes=arena, ideal_bytes=persistent + sum(sizes),
+                arena_bytes=arena, ideal_bytes=persistent + schedule.arena_bytes_no_reuse,
                 liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
                 budget=budget, policy=policy, simulation=sim, baseline=baseline, evictions=dict(evictions),
                 host_bytes=program.host_bytes, placement=how, algos=dict(algos or {}))
@@ -108,10 +117,9 @@ class AutoPolicy:
     Then prefetches are moved earlier, where the budget allows, to hide them.
     """
 
-    name = "auto"
-
-    def __init__(self, recompute=True, offload=True):
-        self.recompute, self.offload = recompute, offload
+    def __init__(self, recompute=True, offload=True, name="auto", copies_free=False):
+        self.recompute, self.offload, self.name = recompute, offload, name
+        self.copies_free = copies_free      # rank offloads as if copies took nothing from compute
 
     def evictions(self, schedule, limit, cost, touch):
         return self.choose(schedule, limit, cost, touch, {}, {})[0]
@@ -119,7 +127,7 @@ class AutoPolicy:
     def choose(self, schedule, limit, cost, touch, options, algos):
         """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
         and are traded for smaller workspaces where that costs less than evicting."""
-        c = _Candidates(schedule, cost, touch, self.recompute, self.offload, options, algos)
+        c = _Candidates(schedule, cost, touch, self.recompute, self.offload, options, algos, self.copies_free)
         ev = c.greedy(limit)
         return (None, None) if ev is None else (ev, c.algos)
 
@@ -127,7 +135,8 @@ class AutoPolicy:
 class _Candidates:
     """Every gap of every arena tensor, with what evicting it frees and costs."""
 
-    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None):
+    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
+                 copies_free=False):
         self.schedule, self.touch = schedule, touch
         self.options, self.algos = options or {}, dict(algos or {})
         steps = schedule.steps
@@ -148,6 +157,8 @@ class _Candidates:
         producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
         last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
         rows, off_cost, xfer, rc_cost = [], [], [], []
+        # what the two copies take from compute even when the gap hides them
+        shared = 0.0 if copies_free else 2 * (1.0 - cost.copy_overlap)
         for t, ts in touch.items():
             size = aligned(tensors[t].nbytes)
             for g in range(len(ts) - 1):
@@ -163,7 +174,7 @@ class _Candidates:
                 # the copy stream is shared: even a transfer that its gap could hide may delay
                 # others, so each is charged a quarter of its time (the Capuchin-style bias
                 # towards recomputing cheap layers and swapping expensive ones)
-                off_cost.append(max(0.0, 2 * x - (self.cum[b] - self.cum[a + 1])) + 0.25 * x)
+                off_cost.append(max(0.0, 2 * x - (self.cum[b] - self.cum[a + 1])) + (0.25 + shared) * x)
                 xfer.append(2 * x)
                 rc_cost.append(rc)
         self.rows = rows
@@ -285,7 +296,7 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     algorithms for smaller workspaces; the simulator picks the fastest variant.
     """
     config = config or MemoryConfig()
-    cost = cost or ProfileCost(config.profile)
+    cost = CachedCost(cost or ProfileCost(config.profile))
     touch = touches(schedule)
     options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
     quick = fastest(options)
@@ -302,56 +313,88 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     limit = budget - schedule.persistent_bytes
     secs = [cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps]
 
-    def build(ev, algos):
-        p = make_plan(schedule, ev, cost, policy.name, budget, base.simulation, touch, algos)
+    def build(ev, algos, program=None):
+        p = make_plan(schedule, ev, cost, policy.name, budget, base.simulation, touch, algos, program)
         p.liveness_peak_bytes, p.lower_bound_bytes = base.liveness_peak_bytes, base.lower_bound_bytes
         p.baseline_algos = quick
         return p
 
     best = None
-    for variant in policy_variants(policy):
+    for variant in policy_variants(policy, cost):
         plan = _fit(variant, schedule, limit, cost, touch, build, options, quick)
-        if plan is None:
-            continue
-        better = _hide_transfers(lambda ev: build(ev, plan.algos), schedule, plan.evictions, cost, limit, touch,
-                                 secs)
-        if better is not None and better.simulation.seconds < plan.simulation.seconds:
-            plan = better
-        if best is None or plan.simulation.seconds < best.simulation.seconds:
+        if plan is not None and (best is None or plan.simulation.seconds < best.simulation.seconds):
             best = plan
-    if best is None:
-        best = minimum_plan(schedule, cost, touch, build, options)
-        if best.peak_bytes > budget:
-            _infeasible(budget, best.peak_bytes, best)
-    return best
+    if best is not None:
+        better = _hide_transfers(lambda ev: build(ev, best.algos), schedule, best.evictions, cost, limit, touch,
+                                 secs)
+        return better if better is not None and better.simulation.seconds < best.simulation.seconds else best
+    least = minimum_plan(schedule, cost, touch, build, options)
+    if least.peak_bytes > budget:
+        _infeasible(budget, least.peak_bytes, least)
+    if policy.name != "auto":
+        raise MemoryBudgetError(
+            f"the {policy.name!r} policy finds no plan within {format_bytes(budget)} ({budget} B); the planner's "
+            f"own minimum is {format_bytes(least.peak_bytes)} ({least.peak_bytes} B): use policy 'auto' or a "
+            f"larger budget", least.peak_bytes, budget)
+    return least
 
 
-def policy_variants(policy):
-    """The policy and, for the hybrid, its swap-only variant: the simulator picks the faster."""
+def policy_variants(policy, cost):
+    """The policy and, for the hybrid, its swap-only variant and (where copies take time from
+    compute) the variant that ranks offloads as if they did not: the simulator picks the fastest."""
     if isinstance(policy, AutoPolicy) and policy.recompute and policy.offload:
-        return [policy, AutoPolicy(recompute=False)]
+        more = [AutoPolicy(name=policy.name, copies_free=True)] if cost.copy_overlap < 1 else []
+        return [policy, AutoPolicy(recompute=False, name=policy.name)] + more
     return [policy]
 
 
 def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8):
-    """Evictions whose exact placement fits ``limit``: aim lower by what placement or restores add."""
-    target = limit
-    for _ in range(rounds):
+    """The fastest plan found whose exact placement fits ``limit``, or None.
+
+    The policy plans against an approximate curve; what lowering (inputs that a
+    recomputation restores) and placement (fragmentation) add on top is known
+    only afterwards. So the policy's target is searched: lowered by at least the
+    overshoot until a plan fits, then bisected between the highest target that
+    fit and the lowest that did not (a higher target evicts less).
+    """
+    def attempt(target):
         if hasattr(policy, "choose"):
             ev, chosen = policy.choose(schedule, target, cost, touch, options, algos)
         else:
             ev, chosen = policy.evictions(schedule, target, cost, touch), algos
         if ev is None:
-            return None
+            return None, None
         program = lower(schedule, ev, touch, chosen)
         live = int(memory_curve(program).max(initial=0))
-        if live <= limit:                          # only a candidate that can fit is worth placing
-            plan = build(ev, chosen)
-            if plan.arena_bytes <= limit:
-                return plan
-            live = plan.arena_bytes
-        target -= live - limit
-    return None
+        if live > limit:                         # only a candidate that can fit is worth placing
+            return None, live
+        plan = build(ev, chosen, program)
+        return (plan, None) if plan.arena_bytes <= limit else (None, plan.arena_bytes)
+
+    step = max(limit // 64, 1)
+    fit = miss = None                            # highest target that fit, lowest that did not
+    best, target = None, limit
+    for _ in range(rounds):
+        plan, need = attempt(target)
+        if plan is not None:
+            fit = target
+            if best is None or plan.simulation.seconds < best.simulation.seconds:
+                best = plan
+        elif need is None:                       # the policy cannot go this low
+            if best is None:
+                return None
+            miss = target
+        else:
+            miss = target
+        if best is None:
+            target -= max(need - limit, step)
+            if target <= 0:
+                return None
+        elif miss is None or miss - fit <= step:
+            break
+        else:
+            target = (fit + miss) // 2
+    return best
 
 
 def minimum_plan(schedule, cost, touch, build, options):
@@ -362,7 +405,7 @@ def minimum_plan(schedule, cost, touch, build, options):
 def minimum_bytes(schedule, config=None, cost=None) -> int:
     """The smallest budget ``plan_memory`` meets for ``schedule`` (what MemoryBudgetError reports)."""
     config = config or MemoryConfig()
-    cost = cost or ProfileCost(config.profile)
+    cost = CachedCost(cost or ProfileCost(config.profile))
     touch = touches(schedule)
     options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
     return minimum_plan(schedule, cost, touch,

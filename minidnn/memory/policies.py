@@ -18,8 +18,8 @@ class NoEviction:
 POLICIES = {
     "auto": AutoPolicy,
     "none": NoEviction,
-    "swap": lambda: AutoPolicy(recompute=False),
-    "recompute": lambda: AutoPolicy(offload=False),
+    "swap": lambda: AutoPolicy(recompute=False, name="swap"),
+    "recompute": lambda: AutoPolicy(offload=False, name="recompute"),
     # the papers' policies (baselines.py): each documents its rule and the details chosen
     "vdnn_all": lambda: VDNN(convs_only=False),
     "vdnn_conv": lambda: VDNN(convs_only=True),

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..schedule import aligned
 
 
 @dataclass
@@ -37,11 +36,11 @@ class Simulation:
 
 
 def memory_curve(program) -> np.ndarray:
+    """Arena bytes held at each step of ``program`` (placement aside)."""
+    res, sizes = program.residencies, program.residency_bytes()
     diff = np.zeros(len(program.steps) + 1, np.int64)
-    for r in program.residencies:
-        n = aligned(program.tensors[r.tensor].nbytes)
-        diff[r.start] += n
-        diff[r.end + 1] -= n
+    np.add.at(diff, np.fromiter((r.start for r in res), np.int64, len(res)), sizes)
+    np.subtract.at(diff, np.fromiter((r.end + 1 for r in res), np.int64, len(res)), sizes)
     return np.cumsum(diff[:-1])
 
 
@@ -74,6 +73,9 @@ def simulate(program, schedule, cost, costs=None, algos=None) -> Simulation:
             begin = max(t_c, t_x)
             t_x = begin + d
             busy += d
+            lost = (1.0 - cost.copy_overlap) * d     # compute slowed by a copy sharing its resources
+            t_c += lost
+            stall += lost
             if s.kind == "offload":
                 done[i] = t_x
                 off_b += n

@@ -23,6 +23,8 @@ run to run, and agrees with the others within float32 rounding.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,6 +203,7 @@ def names(g: Geom, pass_):
     return out
 
 
+@functools.lru_cache(maxsize=1024)   # a pure function of the shape; deep networks repeat few shapes
 def algorithms(g: Geom, pass_):
     return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_)) for n in names(g, pass_)]
 
