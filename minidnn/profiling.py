@@ -21,37 +21,9 @@ def copy_bandwidth(backend, nbytes=64 << 20, repeats=3) -> float:
     return backend.copy_bandwidth(nbytes, repeats)
 
 
-def copy_overlap(backend, nbytes=32 << 20, repeats=5) -> float:
-    """The fraction of a copy's time that compute beside it keeps: 1 when copies are free for compute
-    (a GPU's copy engine), 0 when compute stops for them. Times GEMMs alone, a copy alone and
-    both at once (the copy on the copy stream); the fastest of ``repeats`` each, as other load
-    on the machine only ever slows a run down."""
-    a, h = backend.empty(nbytes), backend.host_empty(nbytes)
-    a[...] = 1
-    m = backend.xp.ones((384, 384), np.float32)
-    stream = backend.copy_stream()
-
-    def gemms():
-        for _ in range(24):
-            m @ m
-
-    def timed(fn):
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-
-    def both():
-        done = stream.copy(h, a)
-        gemms()
-        stream.wait(done)
-
-    try:
-        alone_c = min(timed(gemms) for _ in range(repeats))
-        alone_x = min(timed(lambda: stream.wait(stream.copy(h, a))) for _ in range(repeats))
-        together = min(timed(both) for _ in range(repeats))
-    finally:
-        stream.close()
-    return float(np.clip((alone_c + alone_x - together) / min(alone_c, alone_x), 0.0, 1.0))
+def copy_overlap(backend) -> float:
+    """The fraction of a copy's time that compute beside it keeps (see the backend's copy_overlap)."""
+    return backend.copy_overlap()
 
 
 def measure_costs(trainer, schedule, feeds) -> MeasuredCost:

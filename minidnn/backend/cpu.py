@@ -64,6 +64,38 @@ class CPUBackend:
             best = min(best, time.perf_counter() - t)
         return nbytes / best
 
+    def copy_overlap(self, nbytes=32 << 20, repeats=5) -> float:
+        """The fraction of a copy's time that compute beside it keeps: 1 when copies cost compute
+        nothing, 0 when compute stops for them (the copy thread shares the cores and the memory
+        bus). Times GEMMs alone, a copy alone and both at once (the copy on the copy stream); the
+        fastest of ``repeats`` each, as other load on the machine only ever slows a run down."""
+        a, h = self.empty(nbytes), self.host_empty(nbytes)
+        a[...] = 1
+        m = np.ones((384, 384), np.float32)
+        stream = self.copy_stream()
+
+        def gemms():
+            for _ in range(24):
+                m @ m
+
+        def timed(fn):
+            t = time.perf_counter()
+            fn()
+            return time.perf_counter() - t
+
+        def both():
+            done = stream.copy(h, a)
+            gemms()
+            stream.wait(done)
+
+        try:
+            alone_c = min(timed(gemms) for _ in range(repeats))
+            alone_x = min(timed(lambda: stream.wait(stream.copy(h, a))) for _ in range(repeats))
+            together = min(timed(both) for _ in range(repeats))
+        finally:
+            stream.close()
+        return float(np.clip((alone_c + alone_x - together) / min(alone_c, alone_x), 0.0, 1.0))
+
     def compute_scope(self):
         return contextlib.nullcontext()
 

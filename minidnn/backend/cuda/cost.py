@@ -38,3 +38,7 @@ class DeviceCost:
 
     def transfer_seconds(self, nbytes) -> float:
         return self.base.transfer_seconds(nbytes)
+
+    @property
+    def copy_overlap(self) -> float:
+        return self.base.copy_overlap
