@@ -42,9 +42,14 @@ def _requires_grad(graph) -> set:
     return req
 
 
-def build_schedule(graph, training=True, optimizer=None, accumulate=False, updates=True) -> Schedule:
+def build_schedule(graph, training=True, optimizer=None, accumulate=False, updates=True,
+                   load_each_input=False) -> Schedule:
     """The steps of one iteration: load, forward, and with ``training`` the
     backward from the graph's scalar output and one update step per parameter.
+
+    All inputs are loaded by a first step; with ``load_each_input``, each input
+    by a step of its own just before its first reader (a mini-batch split into
+    sub-batches in one graph loads one sub-batch at a time).
 
     With ``accumulate`` (a sub-batch of a split mini-batch) parameter gradients
     are added into the persistent gradients instead of overwriting them; without
@@ -54,9 +59,15 @@ def build_schedule(graph, training=True, optimizer=None, accumulate=False, updat
     b = _Builder(graph)
     vt = {v.id: b.tensor(v.name, v.spec, _VALUE_CATEGORY[v.kind], v) for v in graph.values}
     inputs = [vt[v.id] for v in graph.inputs]
-    b.step("load", "load", writes=list(inputs), outs=list(inputs))
+    pending = {v.id for v in graph.inputs} if load_each_input else set()
+    if not load_each_input:
+        b.step("load", "load", writes=list(inputs), outs=list(inputs))
 
     for n in graph.nodes:
+        for v in n.inputs:
+            if v.id in pending:
+                pending.discard(v.id)
+                b.step("load", f"load {v.name}", writes=[vt[v.id]], outs=[vt[v.id]])
         ins = [v.spec for v in n.inputs]
         outs = [v.spec for v in n.outputs]
         s = b.step("forward", n.label, n, n.op.workspace(ins, outs),
