@@ -103,7 +103,10 @@ def _backward(b, graph, vt, sched, accumulate=False):
         gins, partials, adds = [None] * len(n.inputs), [], []
         for i in wanted:
             v = n.inputs[i]
-            if v.id in grad_of:            # a later consumer already made it: write a partial
+            if v.id in grad_of and i in op.accumulating_inputs:   # a later consumer made it: add in place
+                gins[i] = grad_of[v.id]
+                adds.append(i)
+            elif v.id in grad_of:          # a later consumer already made it: write a partial
                 p = b.tensor(f"{v.name}:grad.partial", v.spec, ACT_GRAD, v)
                 gins[i] = p
                 partials.append((grad_of[v.id], p))
@@ -123,9 +126,10 @@ def _backward(b, graph, vt, sched, accumulate=False):
         specs_in = [v.spec for v in n.inputs]
         specs_out = [o.spec for o in n.outputs]
         reads = {t for t in ins + outs + gouts if t is not None}
+        added = {gins[i] for i in adds}    # read-modify-written: an evicted one is restored first
         s = b.step("backward", n.label, n, op.backward_workspace(specs_in, specs_out),
-                   reads=sorted(reads), writes=sorted({g for g in gins if g is not None}),
-                   ins=ins, outs=outs, gouts=gouts, gins=gins, accumulate=tuple(adds))
+                   reads=sorted(reads), writes=sorted({g for g in gins if g is not None} - added),
+                   updates=sorted(added), ins=ins, outs=outs, gouts=gouts, gins=gins, accumulate=tuple(adds))
         s.flops = 2 * op.flops(specs_in, specs_out)
         for target, p in partials:
             b.step("accumulate", f"{n.label}:accumulate", reads=[p], updates=[target])

@@ -22,7 +22,8 @@ BatchNorm's parameter gradients and full-batch sums are complete before any
 sub-batch's input gradient is finished.
 
 Samples stay independent everywhere else: every activation must keep the
-batch as its first dimension (checked, naming the node that does not).
+batch as its first dimension, and a BatchNorm's input may have no other
+reader (both checked, naming the node).
 """
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def _check(graph, b):
             if users:
                 raise ShapeError(f"{n.label}: its batch statistics are read by {users[0]}, which exact BatchNorm "
                                  f"statistics over sub-batches cannot provide")
+            others = [m.label for m in graph.nodes if m is not n and any(v is n.inputs[0] for v in m.inputs)]
+            if others:     # the split backward finishes the input's gradient in place (ops/norm_split.py)
+                raise ShapeError(f"{n.label}: exact BatchNorm statistics over sub-batches need a BatchNorm's input "
+                                 f"to be read by the BatchNorm alone; {others[0]} reads it too")
 
 
 def _stages(graph) -> dict:
@@ -106,10 +111,8 @@ def split_graph(graph: Graph, k: int) -> Graph:
                         vmap[j][v.id] = w
         for n in graph.nodes:
             if _is_batch_norm(n) and stage[n.id] == s:
-                x = n.inputs[0]
-                counts = [x.shape[0] * x.shape[2] * x.shape[3]] * k
-                op = BatchNormCombineOp(counts, n.op.momentum, n.op.eps)
-                stats_of[n.id] = emit(op, n.path, stats[n.id] + [value(0, v) for v in n.inputs[3:]])
+                op = BatchNormCombineOp(k, n.op.momentum, n.op.eps)
+                stats_of[n.id] = emit(op, n.path, stats[n.id] + [value(0, v) for v in n.inputs[1:]])
     loss = graph.outputs[0]
     g.outputs = emit(MeanOfLossesOp(), loss.producer.path, [vmap[j][loss.id] for j in range(k)])
     return g

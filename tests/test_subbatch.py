@@ -107,7 +107,7 @@ def resnet18_runs():
 
 def test_exact_batch_norm_trains_resnet18_like_the_full_batch(resnet18_runs):
     """Every parameter, running mean and running variance within 1e-5 relative of the unsplit run
-    after 3 steps (the semantics are exact: in float64 the differences are rounding, ~1e-14)."""
+    after 3 steps; in float64 the differences are rounding (~1e-14): the semantics are exact."""
     (ref_trainer, ref_losses, _), runs, budget = resnet18_runs
     trainer, losses, _ = runs["exact"]
     plan = trainer.plan
@@ -117,7 +117,7 @@ def test_exact_batch_norm_trains_resnet18_like_the_full_batch(resnet18_runs):
     errors = relative_errors(state(trainer.net), state(ref_trainer.net))
     assert any(k.endswith("running_var") for k in errors) and any(k.endswith("bias") for k in errors)
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= 1e-5, (worst, errors[worst])
+    assert errors[worst] <= 1e-10, (worst, errors[worst])
     assert "BatchNorm statistics of the full mini-batch (exact)" in plan.summary()
     assert f"{plan.k} sub-batches of {plan.sub_batch}" in plan.summary()
 
@@ -135,15 +135,18 @@ def test_batch_norm_per_sub_batch_does_differ(resnet18_runs):
     assert not np.allclose(losses, ref_losses, rtol=1e-6)
 
 
-def test_exact_batch_norm_in_float32_stays_close():
-    """float32: the split computes the same function in another order; it stays near the unsplit run."""
+def test_exact_batch_norm_in_float32():
+    """float32 meets 1e-5 too: the split forms each gradient in the unsplit kernel's order (the input
+    gradient from gy in one expression, gamma's and beta's from full-batch float64 sums)."""
     ref_trainer, ref_losses, _ = run("resnet18", None)
-    trainer, losses, _ = run("resnet18", split_budget("resnet18"), bn="exact")
-    assert isinstance(trainer.plan, StagedPlan)
+    budget = split_budget("resnet18")
+    trainer, losses, _ = run("resnet18", budget, bn="exact")
+    assert isinstance(trainer.plan, StagedPlan) and trainer.plan.k >= 2
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes <= budget
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    got, ref = state(trainer.net), state(ref_trainer.net)
-    diff = np.sqrt(sum(np.sum((got[k] - ref[k]) ** 2) for k in ref))
-    assert diff <= 1e-3 * np.sqrt(sum(np.sum(ref[k] ** 2) for k in ref))
+    errors = relative_errors(state(trainer.net), state(ref_trainer.net))
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 1e-5, (worst, errors[worst])
 
 
 def test_bn_mode_is_checked():
@@ -167,4 +170,23 @@ def test_exact_batch_norm_refuses_a_graph_that_mixes_samples():
 
     graph = trace(Mixer().init_parameters(0), (8, 1, 4, 4), loss=nn.CrossEntropyLoss())
     with pytest.raises(mdn.ShapeError, match="keep the batch"):
+        split_graph(graph, 2)
+
+
+def test_exact_batch_norm_refuses_a_batch_norm_input_read_elsewhere():
+    """The split backward finishes a BatchNorm's input gradient in place: another reader is named."""
+
+    class PreAdd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, padding=1)
+            self.bn = nn.BatchNorm2d(2)
+            self.fc = nn.Linear(2 * 4 * 4, 3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.fc(nn.functional.flatten(self.bn(y) + y))
+
+    graph = trace(PreAdd().init_parameters(0), (8, 1, 4, 4), loss=nn.CrossEntropyLoss())
+    with pytest.raises(mdn.ShapeError, match="bn:batch_norm2d.*read by the BatchNorm alone; <root>:add"):
         split_graph(graph, 2)

@@ -3,21 +3,32 @@
 One training-mode BatchNorm over B = k * b samples becomes three kinds of op,
 so that no step ever holds more than one sub-batch (``split_graph`` builds them):
 
-- ``batch_norm2d_stats`` (one per sub-batch): the sub-batch's per-channel mean
-  and sum of squared deviations, in float64;
+- ``batch_norm2d_stats`` (one per sub-batch): the sub-batch's per-channel mean,
+  sum of squared deviations and count, in float64;
 - ``batch_norm2d_combine`` (one): the full batch's mean and 1/std from the k
   partial statistics (Chan's parallel formula), and the running statistics'
   update, once, with the full batch's unbiased variance;
 - ``batch_norm2d_apply`` (one per sub-batch): y = (x - mean) * invstd * gamma + beta.
 
-Each op's backward is the chain rule of its own forward, so static autodiff
-derives the exact BatchNorm backward: the apply steps add up the full batch's
-sums of gy and gy * (x - mean) (the gradients of mean and invstd), and the
-stats steps then add each sub-batch's share of the correction into its input
-gradient. The combined statistics are rounded to the training dtype exactly as
-the unsplit op rounds them, so the forward agrees with it to the last bits of
-the float64 sums. Per-channel sums are taken in float64, one sample at a time
-through a workspace of one sample, so no op allocates a sub-batch-sized temporary.
+The forward rounds the combined statistics to the training dtype exactly as
+the unsplit op does. The backward is BatchNorm's, split in the same three
+places, and the three ops are only meaningful together (the buffers between
+their backward steps carry BatchNorm's intermediate sums, not each op's own
+chain rule):
+
+1. each apply step leaves gy, unscaled, in its input's gradient buffer, and adds
+   its sub-batch's per-channel sums of gy and gy * (x - mean) into the
+   "gradients" of mean and invstd (autodiff's accumulation adds them up);
+2. the combine step, with the full batch's sums, writes gamma's and beta's
+   gradients and, for each sub-batch, the coefficients of its input gradient;
+3. each stats step turns its sub-batch's gy into the input gradient, in place:
+   gx = gamma * invstd * (gy - mean(gy) - (x - mean) * invstd^2 * mean(gy * (x - mean))).
+
+So, as in the unsplit kernel, gx is formed from gy in one expression (in float64,
+rounded once), and gamma's and beta's gradients from the full float64 sums.
+Per-channel sums go one sample at a time through a workspace of one or two
+samples, so no op allocates a sub-batch-sized temporary. ``split_graph`` checks
+that a BatchNorm's input has no other reader, which the in-place step 3 needs.
 """
 from __future__ import annotations
 
@@ -30,100 +41,109 @@ from .base import Op, carve, nbytes_of
 F64 = np.dtype(np.float64)
 
 
-def _one_sample(x):
-    """Scratch for one sample of ``x`` (C, H*W), in float64."""
-    return [((x.shape[1], x.shape[2] * x.shape[3]), F64)]
+def _samples(x, n=1):
+    """Scratch for ``n`` samples of ``x``, each (C, H*W), in float64."""
+    return [((x.shape[1], x.shape[2] * x.shape[3]), F64)] * n
+
+
+def _flat(a):
+    return a.reshape(a.shape[0], a.shape[1], -1)
 
 
 class BatchNormStatsOp(Op):
-    """stats[0] = per-channel mean of one sub-batch, stats[1] = its sum of squared deviations."""
+    """stats = (per-channel mean, sum of squared deviations, count) of one sub-batch.
+
+    Backward (step 3 above): ``gouts[0]`` holds (scale, shift, slope) per channel
+    and the input's gradient buffer holds gy; it becomes
+    scale * gy - shift - slope * (x - mean_j).
+    """
 
     name = "batch_norm2d_stats"
     saved_inputs = (0,)
     saved_outputs = (0,)
-    flops_per_output = 0
+    accumulating_inputs = (0,)
 
     def infer(self, x):
         if len(x.shape) != 4:
             raise ShapeError(f"expected a 4-D input (N, C, H, W), got {len(x.shape)}-D")
-        return [Spec((2, x.shape[1]), F64)]
+        return [Spec((3, x.shape[1]), F64)]
 
     def flops(self, ins, outs):
         return 4.0 * np.prod(ins[0].shape)
 
     def workspace(self, ins, outs):
-        return nbytes_of(_one_sample(ins[0]))
+        return nbytes_of(_samples(ins[0]))
 
-    backward_workspace = workspace
+    def backward_workspace(self, ins, outs):
+        return nbytes_of(_samples(ins[0], 2))
 
     def forward(self, ctx, ins, outs, ws):
-        x, st = ins[0], outs[0]
-        (w,) = carve(ws, _one_sample(x))
-        xs = x.reshape(x.shape[0], x.shape[1], -1)
+        x, st = _flat(ins[0]), outs[0]
+        (w,) = carve(ws, _samples(ins[0]))
         st[...] = 0
-        for sample in xs:
+        for sample in x:
             np.copyto(w, sample)
             st[0] += w.sum(axis=1)
-        st[0] /= xs.shape[0] * xs.shape[2]
-        for sample in xs:
+        st[2] = x.shape[0] * x.shape[2]
+        st[0] /= st[2]
+        for sample in x:
             np.copyto(w, sample)
             w -= st[0][:, None]
             np.square(w, out=w)
             st[1] += w.sum(axis=1)
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        # d mean_j / dx = 1 / count, d M2_j / dx = 2 (x - mean_j)
-        x, st, g, gx = ins[0], outs[0], gouts[0], gins[0]
-        (w,) = carve(ws, _one_sample(x))
-        xs = x.reshape(x.shape[0], x.shape[1], -1)
-        gxs = gx.reshape(xs.shape)
-        shift = (g[0] / (xs.shape[0] * xs.shape[2]))[:, None]
-        scale = (2 * g[1])[:, None]
-        for sample, out in zip(xs, gxs):
+        if 0 not in ctx.accumulate:
+            raise RuntimeError("batch_norm2d_stats: the input's gradient buffer must hold gy from its "
+                               "batch_norm2d_apply (built by split_graph)")
+        x, st, (scale, shift, slope), gx = _flat(ins[0]), outs[0], gouts[0], _flat(gins[0])
+        w, v = carve(ws, _samples(ins[0], 2))
+        for sample, g in zip(x, gx):
             np.copyto(w, sample)
             w -= st[0][:, None]
-            w *= scale
-            w += shift
-            np.copyto(out, w, casting="same_kind")
+            w *= -slope[:, None]
+            w -= shift[:, None]
+            np.copyto(v, g)
+            v *= scale[:, None]
+            w += v
+            np.copyto(g, w, casting="same_kind")
 
 
 class BatchNormCombineOp(Op):
     """The full batch's mean and invstd from k sub-batches' stats; moves the running statistics once.
 
-    Inputs: stats_0 .. stats_{k-1}, running_mean, running_var; ``counts`` are the
-    values per channel of each sub-batch. Outputs (float64, holding values of
-    the training dtype): mean, invstd.
+    Inputs: stats_0 .. stats_{k-1}, gamma, beta, running_mean, running_var.
+    Outputs (float64, holding values of the training dtype): mean, invstd.
+    Backward (step 2 above): ``gouts`` hold the full batch's sums of gy and of
+    gy * (x - mean); it writes gamma's and beta's gradients and each stats'
+    (scale, shift, slope).
     """
 
     name = "batch_norm2d_combine"
     saved_outputs = (0, 1)
-    flops_per_output = 0
 
-    def __init__(self, counts, momentum=0.1, eps=1e-5):
-        self.counts, self.momentum, self.eps = tuple(counts), momentum, eps
-        k = len(self.counts)
-        self.saved_inputs = tuple(range(k))
-        self.no_grad_inputs = (k, k + 1)
+    def __init__(self, k, momentum=0.1, eps=1e-5):
+        self.k, self.momentum, self.eps = k, momentum, eps
+        self.saved_inputs = tuple(range(k + 1))
+        self.no_grad_inputs = (k + 2, k + 3)
 
     def infer(self, *specs):
-        k = len(self.counts)
-        stats, rmean = specs[:k], specs[k]
-        c = rmean.shape[0]
-        if any(s.shape != (2, c) for s in stats):
-            raise ShapeError(f"expected {k} sub-batch statistics of shape (2, {c}), got "
-                             f"{[s.shape for s in stats]}")
-        if sum(self.counts) < 2:
-            raise ShapeError("expected more than 1 value per channel when training")
+        k = self.k
+        stats, gamma = specs[:k], specs[k]
+        c = gamma.shape[0]
+        if any(s.shape != (3, c) for s in stats):
+            raise ShapeError(f"expected {k} sub-batch statistics of shape (3, {c}), got {[s.shape for s in stats]}")
         return [Spec((c,), F64), Spec((c,), F64)]
 
     def flops(self, ins, outs):
-        return 8.0 * len(self.counts) * ins[-1].shape[0]
+        return 8.0 * self.k * ins[-1].shape[0]
 
     def forward(self, ctx, ins, outs, ws):
-        k, n = len(self.counts), sum(self.counts)
-        stats, rmean, rvar = ins[:k], ins[k], ins[k + 1]
-        mean = sum(c * s[0] for c, s in zip(self.counts, stats)) / n
-        m2 = sum(s[1] + c * (s[0] - mean) ** 2 for c, s in zip(self.counts, stats))
+        k = self.k
+        stats, rmean, rvar = ins[:k], ins[k + 2], ins[k + 3]
+        n = sum(float(s[2][0]) for s in stats)
+        mean = sum(s[2] * s[0] for s in stats) / n
+        m2 = sum(s[1] + s[2] * (s[0] - mean) ** 2 for s in stats)
         # from here on, the unsplit op's arithmetic in the training dtype
         dt = rmean.dtype
         mean_t, var_t = mean.astype(dt), (m2 / n).astype(dt)
@@ -140,22 +160,36 @@ class BatchNormCombineOp(Op):
         outs[1][...] = var_t
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        k, n = len(self.counts), sum(self.counts)
+        k = self.k
+        stats, gamma = ins[:k], ins[k]
         mean, invstd = outs
-        g_mean = gouts[0] if gouts[0] is not None else 0.0
-        g_inv = gouts[1] if gouts[1] is not None else 0.0
-        g_m2 = -0.5 * g_inv * invstd ** 3 / n          # invstd = (M2 / n + eps) ** -0.5
-        for c, s, g in zip(self.counts, ins[:k], gins[:k]):
+        sum_gy = gouts[0] if gouts[0] is not None else np.zeros_like(mean)
+        sum_gyx = gouts[1] if gouts[1] is not None else np.zeros_like(mean)
+        n = sum(float(s[2][0]) for s in stats)
+        scale = gamma * invstd
+        slope = scale * invstd ** 2 * sum_gyx / n
+        if gins[k] is not None:
+            gins[k][...] = sum_gyx * invstd
+        if gins[k + 1] is not None:
+            gins[k + 1][...] = sum_gy
+        for s, g in zip(stats, gins[:k]):
             if g is not None:
-                g[0] = g_mean * (c / n) + 2 * c * (s[0] - mean) * g_m2
-                g[1] = g_m2
+                g[0] = scale
+                g[1] = scale * sum_gy / n + slope * (s[0] - mean)
+                g[2] = slope
 
 
 class BatchNormApplyOp(Op):
-    """y = (x - mean) * invstd * gamma + beta for one sub-batch, with the full batch's mean and invstd."""
+    """y = (x - mean) * invstd * gamma + beta for one sub-batch, with the full batch's mean and invstd.
+
+    Backward (step 1 above): gy into x's gradient buffer, and this sub-batch's
+    sums of gy and gy * (x - mean) into those of mean and invstd. Gamma's and
+    beta's gradients come from the combine step (their inputs here take none).
+    """
 
     name = "batch_norm2d_apply"
-    saved_inputs = (0, 1, 3, 4)
+    saved_inputs = (0, 3)
+    no_grad_inputs = (1, 2)
     flops_per_output = 2
 
     def infer(self, x, gamma, beta, mean, invstd):
@@ -167,34 +201,27 @@ class BatchNormApplyOp(Op):
         return [Spec(x.shape, x.dtype)]
 
     def backward_workspace(self, ins, outs):
-        return nbytes_of(_one_sample(ins[0]))
+        return nbytes_of(_samples(ins[0]))
 
     def forward(self, ctx, ins, outs, ws):
         x, gamma, beta, mean, invstd = ins
         ctx.k.bn_forward_train(x, gamma, beta, mean.astype(x.dtype), invstd.astype(x.dtype), outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        x, gamma, mean, invstd, gy = ins[0], ins[1], ins[3], ins[4], gouts[0]
-        gx, ggamma, gbeta, gmean, ginv = gins
-        (w,) = carve(ws, _one_sample(x))
-        xs, gys = x.reshape(x.shape[0], x.shape[1], -1), gy.reshape(x.shape[0], x.shape[1], -1)
-        sum_gy = np.zeros(x.shape[1], F64)
-        sum_gyx = np.zeros(x.shape[1], F64)     # sum of gy * (x - mean)
-        for sample, g in zip(xs, gys):
+        x, mean, gy = _flat(ins[0]), ins[3], gouts[0]
+        gx, _, _, sum_gy, sum_gyx = gins
+        (w,) = carve(ws, _samples(ins[0]))
+        sums = np.zeros((2, x.shape[1]), F64)
+        for sample, g in zip(x, _flat(gy)):
             np.copyto(w, g)
-            sum_gy += w.sum(axis=1)
+            sums[0] += w.sum(axis=1)
             np.copyto(w, sample)
             w -= mean[:, None]
             w *= g
-            sum_gyx += w.sum(axis=1)
-        a = invstd * gamma
+            sums[1] += w.sum(axis=1)
         if gx is not None:
-            np.multiply(gy, a.astype(x.dtype).reshape(1, -1, 1, 1), out=gx)
-        if ggamma is not None:
-            ggamma[...] = sum_gyx * invstd
-        if gbeta is not None:
-            gbeta[...] = sum_gy
-        if gmean is not None:
-            gmean[...] = -a * sum_gy
-        if ginv is not None:
-            ginv[...] = gamma * sum_gyx
+            np.copyto(gx, gy)
+        if sum_gy is not None:
+            sum_gy[...] = sums[0]
+        if sum_gyx is not None:
+            sum_gyx[...] = sums[1]
