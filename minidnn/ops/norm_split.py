@@ -26,8 +26,8 @@ chain rule):
 
 So, as in the unsplit kernel, gx is formed from gy in one expression (in float64,
 rounded once), and gamma's and beta's gradients from the full float64 sums.
-Per-channel sums go one sample at a time through a workspace of one or two
-samples, so no op allocates a sub-batch-sized temporary. ``split_graph`` checks
+Per-channel sums go through float64 scratch a sixteenth of the rows at a time,
+so no op allocates a sub-batch-sized temporary. ``split_graph`` checks
 that a BatchNorm's input has no other reader, which the in-place step 3 needs.
 """
 from __future__ import annotations
@@ -41,13 +41,28 @@ from .base import Op, carve, nbytes_of
 F64 = np.dtype(np.float64)
 
 
-def _samples(x, n=1):
-    """Scratch for ``n`` samples of ``x``, each (C, H*W), in float64."""
-    return [((x.shape[1], x.shape[2] * x.shape[3]), F64)] * n
+BLOCKS = 16    # per-channel sums run over 1/16 of the rows at a time: scratch is 1/16 of x, in float64
 
 
-def _flat(a):
-    return a.reshape(a.shape[0], a.shape[1], -1)
+def _block(x, n=1):
+    """Scratch for ``n`` float64 blocks of rows of ``x`` viewed as (N*C, H*W)."""
+    rows = x.shape[0] * x.shape[1]
+    return [((-(-rows // BLOCKS), x.shape[2] * x.shape[3]), F64)] * n
+
+
+def _blocks(x, *arrays):
+    """(channel of each row, the same rows of each array) for successive row blocks of (N*C, H*W) views."""
+    n, c = x.shape[0], x.shape[1]
+    flat = [a.reshape(n * c, -1) for a in arrays]
+    step = -(-n * c // BLOCKS)
+    for r0 in range(0, n * c, step):
+        r1 = min(r0 + step, n * c)
+        yield np.arange(r0, r1) % c, [f[r0:r1] for f in flat]
+
+
+def _per_channel(ch, rows, c):
+    """Sum of each row of ``rows`` into its channel."""
+    return np.bincount(ch, weights=rows.sum(axis=1), minlength=c)
 
 
 class BatchNormStatsOp(Op):
@@ -72,41 +87,45 @@ class BatchNormStatsOp(Op):
         return 4.0 * np.prod(ins[0].shape)
 
     def workspace(self, ins, outs):
-        return nbytes_of(_samples(ins[0]))
+        return nbytes_of(_block(ins[0]))
 
     def backward_workspace(self, ins, outs):
-        return nbytes_of(_samples(ins[0], 2))
+        return nbytes_of(_block(ins[0], 2))
 
     def forward(self, ctx, ins, outs, ws):
-        x, st = _flat(ins[0]), outs[0]
-        (w,) = carve(ws, _samples(ins[0]))
+        x, st = ins[0], outs[0]
+        c = x.shape[1]
+        (w,) = carve(ws, _block(x))
         st[...] = 0
-        for sample in x:
-            np.copyto(w, sample)
-            st[0] += w.sum(axis=1)
-        st[2] = x.shape[0] * x.shape[2]
+        for ch, (xr,) in _blocks(x, x):
+            v = w[:len(ch)]
+            np.copyto(v, xr)
+            st[0] += _per_channel(ch, v, c)
+        st[2] = x.size // c
         st[0] /= st[2]
-        for sample in x:
-            np.copyto(w, sample)
-            w -= st[0][:, None]
-            np.square(w, out=w)
-            st[1] += w.sum(axis=1)
+        for ch, (xr,) in _blocks(x, x):
+            v = w[:len(ch)]
+            np.copyto(v, xr)
+            v -= st[0][ch, None]
+            np.square(v, out=v)
+            st[1] += _per_channel(ch, v, c)
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         if 0 not in ctx.accumulate:
             raise RuntimeError("batch_norm2d_stats: the input's gradient buffer must hold gy from its "
                                "batch_norm2d_apply (built by split_graph)")
-        x, st, (scale, shift, slope), gx = _flat(ins[0]), outs[0], gouts[0], _flat(gins[0])
-        w, v = carve(ws, _samples(ins[0], 2))
-        for sample, g in zip(x, gx):
-            np.copyto(w, sample)
-            w -= st[0][:, None]
-            w *= -slope[:, None]
-            w -= shift[:, None]
-            np.copyto(v, g)
-            v *= scale[:, None]
-            w += v
-            np.copyto(g, w, casting="same_kind")
+        x, st, (scale, shift, slope), gx = ins[0], outs[0], gouts[0], gins[0]
+        w, u = carve(ws, _block(x, 2))
+        for ch, (xr, gr) in _blocks(x, x, gx):
+            v, t = w[:len(ch)], u[:len(ch)]
+            np.copyto(v, xr)
+            v -= st[0][ch, None]
+            v *= -slope[ch, None]
+            v -= shift[ch, None]
+            np.copyto(t, gr)
+            t *= scale[ch, None]
+            v += t
+            np.copyto(gr, v, casting="same_kind")
 
 
 class BatchNormCombineOp(Op):
@@ -201,24 +220,26 @@ class BatchNormApplyOp(Op):
         return [Spec(x.shape, x.dtype)]
 
     def backward_workspace(self, ins, outs):
-        return nbytes_of(_samples(ins[0]))
+        return nbytes_of(_block(ins[0]))
 
     def forward(self, ctx, ins, outs, ws):
         x, gamma, beta, mean, invstd = ins
         ctx.k.bn_forward_train(x, gamma, beta, mean.astype(x.dtype), invstd.astype(x.dtype), outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        x, mean, gy = _flat(ins[0]), ins[3], gouts[0]
+        x, mean, gy = ins[0], ins[3], gouts[0]
         gx, _, _, sum_gy, sum_gyx = gins
-        (w,) = carve(ws, _samples(ins[0]))
-        sums = np.zeros((2, x.shape[1]), F64)
-        for sample, g in zip(x, _flat(gy)):
-            np.copyto(w, g)
-            sums[0] += w.sum(axis=1)
-            np.copyto(w, sample)
-            w -= mean[:, None]
-            w *= g
-            sums[1] += w.sum(axis=1)
+        c = x.shape[1]
+        (w,) = carve(ws, _block(x))
+        sums = np.zeros((2, c), F64)
+        for ch, (xr, gr) in _blocks(x, x, gy):
+            v = w[:len(ch)]
+            np.copyto(v, gr)
+            sums[0] += _per_channel(ch, v, c)
+            np.copyto(v, xr)
+            v -= mean[ch, None]
+            v *= gr
+            sums[1] += _per_channel(ch, v, c)
         if gx is not None:
             np.copyto(gx, gy)
         if sum_gy is not None:
