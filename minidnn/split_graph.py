@@ -21,14 +21,18 @@ for any plan. Static autodiff of this graph is the exact backward: each
 BatchNorm's parameter gradients and full-batch sums are complete before any
 sub-batch's input gradient is finished.
 
+The split backward finishes a BatchNorm's input gradient in place
+(ops/norm_split.py), so a BatchNorm whose input has other readers (a DenseNet
+layer's input, a pre-activation block's shortcut) normalizes a copy of it, one
+sub-batch at a time; the planner may recompute that copy rather than keep it.
 Samples stay independent everywhere else: every activation must keep the
-batch as its first dimension, and a BatchNorm's input may have no other
-reader (both checked, naming the node).
+batch as its first dimension (checked, naming the node that does not).
 """
 from __future__ import annotations
 
 from .errors import ShapeError
 from .graph import Graph
+from .ops.elementwise import ReshapeOp
 from .ops.loss import MeanOfLossesOp
 from .ops.norm import BatchNorm2dOp
 from .ops.norm_split import BatchNormApplyOp, BatchNormCombineOp, BatchNormStatsOp
@@ -52,10 +56,6 @@ def _check(graph, b):
             if users:
                 raise ShapeError(f"{n.label}: its batch statistics are read by {users[0]}, which exact BatchNorm "
                                  f"statistics over sub-batches cannot provide")
-            others = [m.label for m in graph.nodes if m is not n and any(v is n.inputs[0] for v in m.inputs)]
-            if others:     # the split backward finishes the input's gradient in place (ops/norm_split.py)
-                raise ShapeError(f"{n.label}: exact BatchNorm statistics over sub-batches need a BatchNorm's input "
-                                 f"to be read by the BatchNorm alone; {others[0]} reads it too")
 
 
 def _stages(graph) -> dict:
@@ -96,14 +96,23 @@ def split_graph(graph: Graph, k: int) -> Graph:
 
     stage = _stages(graph)
     stats, stats_of = {}, {}                  # BatchNorm node id -> [stats value per sub-batch], -> (mean, invstd)
+    bn_input = [{} for _ in range(k)]         # per sub-batch: BatchNorm node id -> the value it normalizes
+    readers = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            readers[v.id] = readers.get(v.id, 0) + 1
     for s in range(max(stage.values(), default=0) + 1):
         for j in range(k):
             for n in graph.nodes:
                 path = f"{n.path}[{j}]"
                 if _is_batch_norm(n) and stage[n.id] == s:
-                    stats.setdefault(n.id, []).append(emit(BatchNormStatsOp(), path, [value(j, n.inputs[0])])[0])
+                    x = value(j, n.inputs[0])
+                    if readers[n.inputs[0].id] > 1:   # its gradient is finished in place: the BatchNorm's own copy
+                        (x,) = emit(ReshapeOp(x.shape), path, [x])
+                    bn_input[j][n.id] = x
+                    stats.setdefault(n.id, []).append(emit(BatchNormStatsOp(), path, [x])[0])
                 elif _is_batch_norm(n) and stage[n.id] + 1 == s:
-                    x, gamma, beta = (value(j, v) for v in n.inputs[:3])
+                    x, (gamma, beta) = bn_input[j][n.id], (value(j, v) for v in n.inputs[1:3])
                     (y,) = emit(BatchNormApplyOp(), path, [x, gamma, beta, *stats_of[n.id]])
                     vmap[j][n.outputs[0].id] = y
                 elif not _is_batch_norm(n) and stage[n.id] == s:

@@ -175,20 +175,40 @@ def test_exact_batch_norm_refuses_a_graph_that_mixes_samples():
         split_graph(graph, 2)
 
 
-def test_exact_batch_norm_refuses_a_batch_norm_input_read_elsewhere():
-    """The split backward finishes a BatchNorm's input gradient in place: another reader is named."""
+def test_exact_batch_norm_whose_input_is_read_elsewhere():
+    """A BatchNorm input that another node reads too (DenseNet, pre-activation shortcuts) is normalized
+    through a per-sub-batch copy; parameters still follow the unsplit run."""
 
     class PreAdd(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = nn.Conv2d(1, 2, 3, padding=1)
-            self.bn = nn.BatchNorm2d(2)
-            self.fc = nn.Linear(2 * 4 * 4, 3)
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4 * 8 * 8, 10)
 
         def forward(self, x):
             y = self.conv(x)
-            return self.fc(nn.functional.flatten(self.bn(y) + y))
+            return self.fc(nn.functional.flatten(nn.relu(self.bn(y)) + y))
 
-    graph = trace(PreAdd().init_parameters(0), (8, 1, 4, 4), loss=nn.CrossEntropyLoss())
-    with pytest.raises(mdn.ShapeError, match="bn:batch_norm2d.*read by the BatchNorm alone; <root>:add"):
-        split_graph(graph, 2)
+    shape = (8, 3, 8, 8)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(shape), rng.integers(0, 10, shape[0])
+
+    def train(memory):
+        net = PreAdd().init_parameters(0)
+        trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9), memory=memory,
+                              dtype=np.float64)
+        for _ in range(3):
+            trainer.step(x, y)
+        return trainer, state(net)
+
+    graph = trace(PreAdd(), (4,) + shape[1:], loss=nn.CrossEntropyLoss())
+    assert any(n.op.name == "reshape" and n.path == "bn[1]" for n in split_graph(graph, 2).nodes)
+    _, ref = train(None)
+    with pytest.raises(mdn.MemoryBudgetError) as e:
+        train(MemoryConfig(budget=1, sub_batching=False))
+    trainer, got = train(MemoryConfig(budget=e.value.minimum_bytes - 1, bn="exact", check=True, poison=True))
+    assert isinstance(trainer.plan, StagedPlan) and trainer.plan.k >= 2
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes < e.value.minimum_bytes
+    errors = relative_errors(got, ref)
+    assert max(errors.values()) <= 1e-10

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..errors import MemoryBudgetError
 from .config import format_bytes
 from .costmodel import ProfileCost
-from .planner import algorithm_options, lower_bound, plan_memory, smallest
+from .planner import algorithm_options, lower_bound, minimum_bytes, plan_memory, smallest
 
 
 @dataclass
@@ -132,12 +132,12 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
 
     ``schedule_for(k)`` returns the stage-major schedule of the whole iteration
     as k sub-batches; ``sub_schedule_for(b)`` the schedule of one sub-batch of b,
-    whose lower bound (no step of the staged iteration needs more) rules out a k
-    without planning it. Raises MemoryBudgetError with the minimum of the
-    smallest split tried when none fits.
+    whose lower bound (the staged iteration's is at least as high) rules out a
+    k without planning it. Raises MemoryBudgetError with the minimum at
+    sub-batches of 1 sample when none fits.
     """
     budget = config.budget
-    best, tried_after, error = None, 0, None
+    best, tried_after = None, 0
     for k in (k for k in range(2, batch + 1) if batch % k == 0):
         if best is not None and tried_after >= 2:
             break
@@ -145,20 +145,18 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
         options = algorithm_options(sub, cost or ProfileCost(config.profile)) if config.algorithms == "auto" else {}
         bound = lower_bound(sub, smallest(options))
         if budget is not None and bound > budget:
-            error = MemoryBudgetError(f"budget {format_bytes(budget)} ({budget} B) is below the lower bound "
-                                      f"{format_bytes(bound)} ({bound} B) of sub-batches of {batch // k}",
-                                      bound, budget)
             continue
         try:
             plan = StagedPlan(k, batch // k, plan_memory(schedule_for(k), config, cost), budget)
-        except MemoryBudgetError as e:
-            error = e
+        except MemoryBudgetError:
             continue
         if best is not None:
             tried_after += 1
         if best is None or plan.predicted_seconds < best.predicted_seconds:
             best = plan
-    if best is None:
-        raise MemoryBudgetError(f"{error}, even with sub-batches of 1 sample (exact BatchNorm statistics)",
-                                error.minimum_bytes, budget)
+    if best is None:     # the least the planner needs with sub-batches of 1 (one planning pass, no search)
+        least = minimum_bytes(schedule_for(batch), config, cost)
+        raise MemoryBudgetError(f"budget {format_bytes(budget)} ({budget} B) is below the minimum feasible "
+                                f"{format_bytes(least)} ({least} B) with exact BatchNorm statistics, even with "
+                                f"sub-batches of 1 sample", least, budget)
     return best
