@@ -212,3 +212,11 @@ def test_exact_batch_norm_whose_input_is_read_elsewhere():
     assert trainer.measured_peak_bytes == trainer.plan.peak_bytes < e.value.minimum_bytes
     errors = relative_errors(got, ref)
     assert max(errors.values()) <= 1e-10
+
+
+def test_exact_batch_norm_too_small_even_for_one_sample_names_the_minimum():
+    build, shape = NETS["resnet18"]
+    with pytest.raises(mdn.MemoryBudgetError, match="exact BatchNorm statistics, even with sub-batches of 1") as e:
+        mdn.compile(build(), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
+                    memory=MemoryConfig(budget=4096, bn="exact"))
+    assert e.value.minimum_bytes > 4096

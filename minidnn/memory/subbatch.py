@@ -137,10 +137,8 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
     sub-batches of 1 sample when none fits.
     """
     budget = config.budget
-    best, tried_after = None, 0
+    best = None
     for k in (k for k in range(2, batch + 1) if batch % k == 0):
-        if best is not None and tried_after >= 2:
-            break
         sub = sub_schedule_for(batch // k)
         options = algorithm_options(sub, cost or ProfileCost(config.profile)) if config.algorithms == "auto" else {}
         bound = lower_bound(sub, smallest(options))
@@ -150,10 +148,9 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
             plan = StagedPlan(k, batch // k, plan_memory(schedule_for(k), config, cost), budget)
         except MemoryBudgetError:
             continue
-        if best is not None:
-            tried_after += 1
-        if best is None or plan.predicted_seconds < best.predicted_seconds:
-            best = plan
+        if best is not None and plan.predicted_seconds >= best.predicted_seconds:
+            break        # more sub-batches only add overhead, and the schedule (and its planning) grows with k
+        best = plan
     if best is None:     # the least the planner needs with sub-batches of 1 (one planning pass, no search)
         least = minimum_bytes(schedule_for(batch), config, cost)
         raise MemoryBudgetError(f"budget {format_bytes(budget)} ({budget} B) is below the minimum feasible "
