@@ -17,16 +17,19 @@ sub-batch 0, then 1, ..., then its combines, then stage s + 1. Each step still
 touches a single sub-batch; what one sub-batch must keep across the stages
 (the values a later stage or the backward reads) is the planner's to evict
 like any other tensor, so the executor's accounting and the budget hold as
-for any plan. Static autodiff of this graph is the exact backward: each
-BatchNorm's parameter gradients and full-batch sums are complete before any
-sub-batch's input gradient is finished.
+for any plan. Static autodiff of this graph yields BatchNorm's exact backward,
+split over the three ops' backward steps (ops/norm_split.py): the full-batch
+sums are complete before any sub-batch's input gradient is finished.
 
 The split backward finishes a BatchNorm's input gradient in place
 (ops/norm_split.py), so a BatchNorm whose input has other readers (a DenseNet
 layer's input, a pre-activation block's shortcut) normalizes a copy of it, one
 sub-batch at a time; the planner may recompute that copy rather than keep it.
 Samples stay independent everywhere else: every activation must keep the
-batch as its first dimension (checked, naming the node that does not).
+batch as its first dimension (checked, naming the node that does not), and
+the loss must be a mean over the batch (cross-entropy and MSE are). Dropout
+draws its masks one sub-batch at a time, so with dropout a step is another
+draw than the unsplit one's.
 """
 from __future__ import annotations
 
