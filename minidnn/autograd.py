@@ -42,9 +42,14 @@ def _requires_grad(graph) -> set:
     return req
 
 
-def build_schedule(graph, training=True, optimizer=None, accumulate=False, updates=True) -> Schedule:
+def build_schedule(graph, training=True, optimizer=None, accumulate=False, updates=True,
+                   load_each_input=False) -> Schedule:
     """The steps of one iteration: load, forward, and with ``training`` the
     backward from the graph's scalar output and one update step per parameter.
+
+    All inputs are loaded by a first step; with ``load_each_input``, each input
+    by a step of its own just before its first reader (a mini-batch split into
+    sub-batches in one graph loads one sub-batch at a time).
 
     With ``accumulate`` (a sub-batch of a split mini-batch) parameter gradients
     are added into the persistent gradients instead of overwriting them; without
@@ -54,9 +59,15 @@ def build_schedule(graph, training=True, optimizer=None, accumulate=False, updat
     b = _Builder(graph)
     vt = {v.id: b.tensor(v.name, v.spec, _VALUE_CATEGORY[v.kind], v) for v in graph.values}
     inputs = [vt[v.id] for v in graph.inputs]
-    b.step("load", "load", writes=list(inputs), outs=list(inputs))
+    pending = {v.id for v in graph.inputs} if load_each_input else set()
+    if not load_each_input:
+        b.step("load", "load", writes=list(inputs), outs=list(inputs))
 
     for n in graph.nodes:
+        for v in n.inputs:
+            if v.id in pending:
+                pending.discard(v.id)
+                b.step("load", f"load {v.name}", writes=[vt[v.id]], outs=[vt[v.id]])
         ins = [v.spec for v in n.inputs]
         outs = [v.spec for v in n.outputs]
         s = b.step("forward", n.label, n, n.op.workspace(ins, outs),
@@ -92,7 +103,10 @@ def _backward(b, graph, vt, sched, accumulate=False):
         gins, partials, adds = [None] * len(n.inputs), [], []
         for i in wanted:
             v = n.inputs[i]
-            if v.id in grad_of:            # a later consumer already made it: write a partial
+            if v.id in grad_of and i in op.accumulating_inputs:   # a later consumer made it: add in place
+                gins[i] = grad_of[v.id]
+                adds.append(i)
+            elif v.id in grad_of:          # a later consumer already made it: write a partial
                 p = b.tensor(f"{v.name}:grad.partial", v.spec, ACT_GRAD, v)
                 gins[i] = p
                 partials.append((grad_of[v.id], p))
@@ -112,9 +126,10 @@ def _backward(b, graph, vt, sched, accumulate=False):
         specs_in = [v.spec for v in n.inputs]
         specs_out = [o.spec for o in n.outputs]
         reads = {t for t in ins + outs + gouts if t is not None}
+        added = {gins[i] for i in adds}    # read-modify-written: an evicted one is restored first
         s = b.step("backward", n.label, n, op.backward_workspace(specs_in, specs_out),
-                   reads=sorted(reads), writes=sorted({g for g in gins if g is not None}),
-                   ins=ins, outs=outs, gouts=gouts, gins=gins, accumulate=tuple(adds))
+                   reads=sorted(reads), writes=sorted({g for g in gins if g is not None} - added),
+                   updates=sorted(added), ins=ins, outs=outs, gouts=gouts, gins=gins, accumulate=tuple(adds))
         s.flops = 2 * op.flops(specs_in, specs_out)
         for target, p in partials:
             b.step("accumulate", f"{n.label}:accumulate", reads=[p], updates=[target])

@@ -95,7 +95,8 @@ def cmd_train(args):
                               pad=args.pad)
     test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
-                      device=args.device, memory=MemoryConfig(budget=_budget(args.budget)), seed=args.seed)
+                      device=args.device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn),
+                      seed=args.seed)
     net.init_parameters(args.seed)        # in place, into the trainer's persistent region
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
@@ -270,6 +271,9 @@ def parser():
                    help="random crop after zero padding (and horizontal flip: the CIFAR recipe)")
     t.add_argument("--pad", type=int, default=2, help="zero padding before the random crop")
     t.add_argument("--budget", default=None, help="memory budget: bytes, '512MiB', or a fraction like 0.6")
+    t.add_argument("--bn", choices=["sub-batch", "exact"], default="sub-batch",
+                   help="when the budget splits a batch into sub-batches, BatchNorm uses each sub-batch's "
+                        "statistics (sub-batch) or the full batch's, as unsplit (exact)")
     t.add_argument("--device", default="cpu", help="cpu | cuda")
     t.add_argument("--out", default="runs/latest", help="folder for the checkpoint and logs (see below)")
     t.add_argument("--metrics", default=None, help="per-epoch metrics JSONL file (default OUT/metrics.jsonl)")

@@ -196,6 +196,7 @@ class Executor:
         times = [] if profile else None
         high = 0
         fetched = {}
+        feed = dict(zip(plan.schedule.inputs, feeds))      # input tensor id -> its array
         last = len(steps) - 1
         for i, step in enumerate(steps):
             for off, size, tid in b.allocs[i]:
@@ -238,8 +239,9 @@ class Executor:
             elif kind == "update":
                 optimizer.update(ins[0], ins[1], outs, ws, t)
             elif kind == "load":
-                for dst, src in zip(outs, feeds):
-                    self.backend.load(dst, src)
+                for dst, tid in zip(outs, step.outs):
+                    if tid in feed:
+                        self.backend.load(dst, feed[tid])
             else:
                 raise ValueError(f"unknown step kind {kind!r}")
             if profile:

@@ -11,8 +11,10 @@ from .errors import MemoryBudgetError, ShapeError
 from .executor import Context, Executor
 from .graph import trace
 from .memory import MemoryConfig, plan_memory
-from .memory.subbatch import SubBatchPlan, plan_sub_batches
+from .memory.subbatch import StagedPlan, SubBatchPlan, plan_staged, plan_sub_batches
+from .ops.loss import MeanOfLossesOp
 from .persistent import PersistentStore
+from .split_graph import split_graph
 from .trace import Recorder
 
 
@@ -84,7 +86,8 @@ class Trainer:
         return build_schedule(graph, training=training, optimizer=self.optimizer if training else None)
 
     def plan_for(self, shape, training=True):
-        """The plan for a step on ``shape``: a Plan, or a SubBatchPlan when only a split fits."""
+        """The plan for a step on ``shape``: a Plan, or when only a split fits a SubBatchPlan
+        (BatchNorm per sub-batch) or a StagedPlan (``MemoryConfig(bn="exact")``)."""
         key = ("train" if training else "eval", tuple(shape))
         plan = self._plans.get(key)
         if plan is None:
@@ -99,10 +102,21 @@ class Trainer:
         return plan
 
     def _split(self, shape):
+        def graph_of(b):
+            return trace(self.net, (b,) + shape[1:], self.dtype, loss=self.loss)
+
         def schedules_for(b):
-            graph = trace(self.net, (b,) + shape[1:], self.dtype, loss=self.loss)
+            graph = graph_of(b)
             return (build_schedule(graph, optimizer=self.optimizer, accumulate=True, updates=False),
                     build_update_schedule(graph, self.optimizer))
+
+        def staged_schedule_for(k):
+            return build_schedule(split_graph(graph_of(shape[0] // k), k), optimizer=self.optimizer,
+                                  load_each_input=True)
+
+        if self.memory.bn == "exact":
+            return plan_staged(shape[0], staged_schedule_for, lambda b: schedules_for(b)[0], self.memory,
+                               self._cost(None))
         return plan_sub_batches(shape[0], schedules_for, self.memory, self._cost(None))
 
     def _cost(self, base):
@@ -127,7 +141,7 @@ class Trainer:
     def _check_labels(self, plan, y):
         y = np.asarray(y)
         spec = plan.schedule.tensor(plan.schedule.inputs[1]).spec
-        if isinstance(plan, SubBatchPlan):
+        if isinstance(plan, (SubBatchPlan, StagedPlan)):
             spec = type(spec)((spec.shape[0] * plan.k,) + spec.shape[1:], spec.dtype)
         if y.shape != spec.shape:
             raise ShapeError(f"step: expected labels of shape {spec.shape}, got {y.shape}")
@@ -142,6 +156,8 @@ class Trainer:
     @staticmethod
     def _num_classes(plan):
         loss_node = plan.schedule.graph.outputs[0].producer
+        if isinstance(loss_node.op, MeanOfLossesOp):      # sub-batches' losses: the first one's logits
+            loss_node = loss_node.inputs[0].producer
         return loss_node.inputs[0].shape[1]
 
     def step(self, x, y) -> float:
@@ -153,6 +169,11 @@ class Trainer:
         t = self.steps_done + 1
         if isinstance(plan, SubBatchPlan):
             loss = self._step_split(plan, ctx, x, y, t)
+        elif isinstance(plan, StagedPlan):
+            b = plan.sub_batch
+            feeds = [a for j in range(plan.k) for a in (x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])]
+            out = self.executor.run(plan.plan, ctx, feeds, self.optimizer, t, recorder=self.recorder)
+            loss = float(out[plan.schedule.loss])
         else:
             out = self.executor.run(plan, ctx, [x, y], self.optimizer, t, recorder=self.recorder)
             loss = float(out[plan.schedule.loss])

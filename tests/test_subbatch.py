@@ -1,8 +1,10 @@
 """Sub-batching: a mini-batch that cannot fit at its full size is split, and still trains the same.
 
-Without BatchNorm (whose statistics are per sub-batch by design), k sub-batches
+Without BatchNorm (whose statistics are per sub-batch by default), k sub-batches
 accumulating 1/k-scaled gradients followed by one update give the unsplit
-run's parameters up to float rounding.
+run's parameters up to float rounding. With ``MemoryConfig(bn="exact")``
+BatchNorm uses the full mini-batch's statistics, and a ResNet-18 gives the
+unsplit run's parameters and running statistics too.
 """
 import numpy as np
 import pytest
@@ -11,11 +13,15 @@ import minidnn as mdn
 from harness import host
 from minidnn import models, nn, optim
 from minidnn.memory import MemoryConfig
-from minidnn.memory.subbatch import SubBatchPlan
+from minidnn.graph import trace
+from minidnn.memory.subbatch import StagedPlan, SubBatchPlan
+from minidnn.split_graph import split_graph
 
 NETS = {
     "lenet5": (lambda: models.get("lenet5"), (16, 1, 28, 28)),
     "vgg11": (lambda: models.get("vgg11", num_classes=10, image_size=64, dropout=0.0), (8, 3, 64, 64)),
+    # CIFAR ResNet-18's topology (20 BatchNorms, projection shortcuts), narrowed to keep 2 cores quick
+    "resnet18": (lambda: models.resnet18_cifar(num_classes=10, widths=(4, 8, 16, 32)), (8, 3, 16, 16)),
 }
 
 
@@ -38,11 +44,12 @@ def split_budget(name, dtype=np.float32, device="cpu"):
     return (full + e.value.minimum_bytes) // 2
 
 
-def run(name, budget, steps=3, dtype=np.float32, device="cpu"):
+def run(name, budget, steps=3, dtype=np.float32, device="cpu", bn="sub-batch"):
     build, shape = NETS[name]
     net = build().init_parameters(0)
     trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
-                          memory=MemoryConfig(budget=budget, poison=True, check=True), dtype=dtype, device=device)
+                          memory=MemoryConfig(budget=budget, poison=True, check=True, bn=bn), dtype=dtype,
+                          device=device)
     rng = np.random.default_rng(3)
     losses = [trainer.step(rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0]))
               for _ in range(steps)]
@@ -80,3 +87,138 @@ def test_sub_batching_can_be_turned_off():
     with pytest.raises(mdn.MemoryBudgetError):
         mdn.compile(build(), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01),
                     memory=MemoryConfig(budget=budget, sub_batching=False))
+
+
+def state(net):
+    return {k: np.array(v, np.float64) for k, v in net.state_dict().items()}
+
+
+def relative_errors(got, ref):
+    """Per state_dict entry: |got - ref| / |ref| (2-norms; entries that are zero compare absolutely)."""
+    return {k: np.linalg.norm(got[k] - ref[k]) / (np.linalg.norm(ref[k]) or 1.0) for k in ref}
+
+
+@pytest.fixture(scope="module")
+def resnet18_runs():
+    """ResNet-18 (float64) for 3 SGD-momentum steps: unsplit, and split under one budget with each BN mode."""
+    _, ref_losses, _ = ref = run("resnet18", None, dtype=np.float64)
+    budget = split_budget("resnet18", np.float64)
+    runs = {bn: run("resnet18", budget, dtype=np.float64, bn=bn) for bn in ("exact", "sub-batch")}
+    return ref, runs, budget
+
+
+def test_exact_batch_norm_trains_resnet18_like_the_full_batch(resnet18_runs):
+    """Every parameter, running mean and running variance within 1e-5 relative of the unsplit run
+    after 3 steps; in float64 the differences are rounding (~1e-14): the semantics are exact."""
+    (ref_trainer, ref_losses, _), runs, budget = resnet18_runs
+    trainer, losses, _ = runs["exact"]
+    plan = trainer.plan
+    assert isinstance(plan, StagedPlan) and plan.k >= 2
+    assert trainer.measured_peak_bytes == plan.peak_bytes <= budget
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-10)
+    errors = relative_errors(state(trainer.net), state(ref_trainer.net))
+    assert any(k.endswith("running_var") for k in errors) and any(k.endswith("bias") for k in errors)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 1e-10, (worst, errors[worst])
+    assert "BatchNorm statistics of the full mini-batch (exact)" in plan.summary()
+    assert f"{plan.k} sub-batches of {plan.sub_batch}" in plan.summary()
+
+
+def test_batch_norm_per_sub_batch_does_differ(resnet18_runs):
+    """The default (moDNN's semantics) normalizes each sub-batch alone: far from the unsplit run,
+    so the exact mode's agreement above is not a test that cannot fail."""
+    (ref_trainer, ref_losses, _), runs, budget = resnet18_runs
+    trainer, losses, _ = runs["sub-batch"]
+    assert isinstance(trainer.plan, SubBatchPlan) and trainer.plan.k >= 2
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes <= budget
+    assert "BatchNorm statistics per sub-batch" in trainer.plan.summary()
+    errors = relative_errors(state(trainer.net), state(ref_trainer.net))
+    assert max(errors.values()) > 1e-2
+    assert not np.allclose(losses, ref_losses, rtol=1e-6)
+
+
+def test_exact_batch_norm_in_float32():
+    """float32 meets 1e-5 too: the split forms each gradient in the unsplit kernel's order (the input
+    gradient from gy in one expression, gamma's and beta's from full-batch float64 sums). The worst
+    entries are BatchNorm biases, whose gradient sum(gy) cancels: here the unsplit float32 run itself
+    is ~1.5e-6 from the float64 one, and the split ~1.7e-6 from the unsplit float32 run."""
+    ref_trainer, ref_losses, _ = run("resnet18", None)
+    budget = split_budget("resnet18")
+    trainer, losses, _ = run("resnet18", budget, bn="exact")
+    assert isinstance(trainer.plan, StagedPlan) and trainer.plan.k >= 2
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes <= budget
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    errors = relative_errors(state(trainer.net), state(ref_trainer.net))
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 1e-5, (worst, errors[worst])
+
+
+def test_bn_mode_is_checked():
+    with pytest.raises(ValueError, match="'sub-batch' or 'exact'"):
+        MemoryConfig(bn="full")
+
+
+def test_exact_batch_norm_refuses_a_graph_that_mixes_samples():
+    """Splitting needs every activation to keep the batch first; the error names the node."""
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, padding=1)
+            self.bn = nn.BatchNorm2d(2)
+            self.fc = nn.Linear(2 * 4 * 4, 3)
+
+        def forward(self, x):
+            y = nn.functional.reshape(self.bn(self.conv(x)), (1, 8 * 2 * 4 * 4))   # all samples in one row
+            return self.fc(nn.functional.reshape(y, (8, 2 * 4 * 4)))
+
+    graph = trace(Mixer().init_parameters(0), (8, 1, 4, 4), loss=nn.CrossEntropyLoss())
+    with pytest.raises(mdn.ShapeError, match="keep the batch"):
+        split_graph(graph, 2)
+
+
+def test_exact_batch_norm_whose_input_is_read_elsewhere():
+    """A BatchNorm input that another node reads too (DenseNet, pre-activation shortcuts) is normalized
+    through a per-sub-batch copy; parameters still follow the unsplit run."""
+
+    class PreAdd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4 * 8 * 8, 10)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.fc(nn.functional.flatten(nn.relu(self.bn(y)) + y))
+
+    shape = (8, 3, 8, 8)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(shape), rng.integers(0, 10, shape[0])
+
+    def train(memory):
+        net = PreAdd().init_parameters(0)
+        trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9), memory=memory,
+                              dtype=np.float64)
+        for _ in range(3):
+            trainer.step(x, y)
+        return trainer, state(net)
+
+    graph = trace(PreAdd(), (4,) + shape[1:], loss=nn.CrossEntropyLoss())
+    assert any(n.op.name == "reshape" and n.path == "bn[1]" for n in split_graph(graph, 2).nodes)
+    _, ref = train(None)
+    with pytest.raises(mdn.MemoryBudgetError) as e:
+        train(MemoryConfig(budget=1, sub_batching=False))
+    trainer, got = train(MemoryConfig(budget=e.value.minimum_bytes - 1, bn="exact", check=True, poison=True))
+    assert isinstance(trainer.plan, StagedPlan) and trainer.plan.k >= 2
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes < e.value.minimum_bytes
+    errors = relative_errors(got, ref)
+    assert max(errors.values()) <= 1e-10
+
+
+def test_exact_batch_norm_too_small_even_for_one_sample_names_the_minimum():
+    build, shape = NETS["resnet18"]
+    with pytest.raises(mdn.MemoryBudgetError, match="exact BatchNorm statistics, even with sub-batches of 1") as e:
+        mdn.compile(build(), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
+                    memory=MemoryConfig(budget=4096, bn="exact"))
+    assert e.value.minimum_bytes > 4096

@@ -46,7 +46,13 @@ class MemoryConfig:
     recomputation never change a result; a different algorithm may change the
     last bits (see ``plan.algorithm_changes``). With ``sub_batching``, a
     training step that cannot fit at its full batch is split into sub-batches
-    whose gradients accumulate (see ``memory.subbatch``).
+    whose gradients accumulate (see ``memory.subbatch``). ``bn`` says whose
+    statistics a training-mode BatchNorm then uses: ``"sub-batch"`` (each
+    sub-batch its own, as moDNN does; the default) or ``"exact"`` (the full
+    mini-batch's, as the unsplit step: the sub-batches run stage by stage
+    between BatchNorms, so parameters and running statistics follow the
+    unsplit run's up to float rounding, at the cost of keeping each
+    sub-batch's BatchNorm inputs until the full statistics are known).
     """
 
     budget: object = None
@@ -54,12 +60,16 @@ class MemoryConfig:
     profile: object = "cpu-2core"
     algorithms: str = "auto"
     sub_batching: bool = True
+    bn: str = "sub-batch"
     poison: bool = False
     check: bool = False
 
     def __post_init__(self):
         if self.algorithms not in ("auto", "default"):
             raise ValueError(f"algorithms must be 'auto' or 'default', got {self.algorithms!r}")
+        if self.bn not in ("sub-batch", "exact"):
+            raise ValueError(f"bn (BatchNorm statistics when a mini-batch is split) must be 'sub-batch' or "
+                             f"'exact', got {self.bn!r}")
 
     def policy_object(self):
         """The policy as an object (a name is looked up among the known policies)."""

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Spec
-from .base import Op, apply, carve, nbytes_of
+from .base import Op, apply, carve, nbytes_of, same_float
 
 
 def _upstream(ctx, gouts) -> float:
@@ -94,6 +94,31 @@ class MSEOp(Op):
         gx = gins[0]
         xp.subtract(ins[0], ins[1], out=gx)
         gx *= gx.dtype.type(2.0 * _upstream(ctx, gouts) / gx.size)
+
+
+class MeanOfLossesOp(Op):
+    """The mean of k scalar losses: the loss of a mini-batch whose k equal sub-batches each
+    computed their own mean loss (``split_graph``)."""
+
+    name = "mean_of_losses"
+    is_loss = True
+
+    def infer(self, *losses):
+        if not losses or any(s.shape != () for s in losses):
+            raise ShapeError(f"expected scalar losses, got shapes {[s.shape for s in losses]}")
+        return [Spec((), same_float(*losses))]
+
+    def flops(self, ins, outs):
+        return float(len(ins))
+
+    def forward(self, ctx, ins, outs, ws):
+        outs[0][...] = sum(float(x) for x in ins) / len(ins)
+
+    def backward(self, ctx, ins, outs, gouts, gins, ws):
+        g = _upstream(ctx, gouts) / len(gins)
+        for gx in gins:
+            if gx is not None:
+                gx[...] = g
 
 
 def cross_entropy(logits, labels):
