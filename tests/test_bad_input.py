@@ -360,3 +360,24 @@ def test_cuda_unavailable_here():
         minidnn.compile(LeNet(), SHAPE, nn.CrossEntropyLoss(), device="cuda")
     assert "cuda" in str(e.value)
     assert isinstance(e.value, RuntimeError) and isinstance(e.value, minidnn.MinidnnError)
+
+
+def test_torch_imported_first_is_named_with_the_fix():
+    """PyTorch loads the OpenMP runtime with spinning threads before minidnn can ask for passive
+    ones; the CPU backend says so and how to avoid it (a fresh process: the policy is per process)."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    code = ("import warnings, torch, minidnn\n"
+            "from minidnn.backend import get_backend\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    get_backend('cpu')\n"
+            "print([str(x.message) for x in w])\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert "import minidnn first" in out and "OMP_WAIT_POLICY=PASSIVE" in out
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "[]"

@@ -2,18 +2,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import threading
 import time
+import warnings
 
 import numpy as np
-
-# OpenMP worker threads that spin after a kernel steal the cores NumPy's BLAS
-# threads need next (a 2-core LeNet step measured 62 ms spinning, 7 ms passive).
-# It must be set before the extension loads the OpenMP runtime; a user's own
-# setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ..errors import BackendUnavailable
 from ..ops import conv_algos
@@ -33,6 +27,12 @@ class CPUBackend:
         except ImportError as e:  # a source checkout without the built extension
             raise BackendUnavailable(f"minidnn's C++ extension is not built ({e}); install with 'pip install .'")
         self.k = _C
+        from .. import OMP_RUNTIME_LOADED_BEFORE
+        if OMP_RUNTIME_LOADED_BEFORE:
+            warnings.warn("PyTorch was imported before minidnn and loaded the OpenMP runtime with spinning "
+                          "worker threads, which can make minidnn's CPU kernels several times slower: import "
+                          "minidnn first, or set OMP_WAIT_POLICY=PASSIVE in the environment", RuntimeWarning,
+                          stacklevel=3)
 
     def empty(self, nbytes: int) -> np.ndarray:
         """A byte buffer of ``nbytes`` whose address is a multiple of the alignment."""
