@@ -11,8 +11,8 @@ OMP_RUNTIME_LOADED_BEFORE = "OMP_WAIT_POLICY" not in os.environ and "torch" in s
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import nn, optim  # noqa: E402
-from .errors import (  # noqa: E402BackendUnavailable, CheckpointError, DataError, MemoryBudgetError, MinidnnError,
-                     NumericalError, ShapeError)
+from .errors import (BackendUnavailable, CheckpointError, DataError, MemoryBudgetError,  # noqa: E402
+                     MinidnnError, NumericalError, ShapeError)
 from .memory import MemoryConfig  # noqa: E402
 from .trainer import Trainer, compile  # noqa: E402
 

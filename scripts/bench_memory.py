@@ -8,7 +8,9 @@ unlimited memory (the simulator's replay of the plan on compute + copy
 streams). Published reference points: vDNN trains VGG-16 at batch 256 (28 GB
 ideal) in 12 GB at -18% speed; moDNN reports +3% at 12 GB. ``--deepest`` also
 searches the deepest ResNet (batch 16, 224x224) whose plan fits 12 GiB
-(SuperNeurons reports ResNet-2500 on 12 GB).
+(SuperNeurons reports ResNet-2500 on 12 GB). It also times the planner on
+ResNet-1001 (batch 16) and prints VGG-16's memory floor at batch 256 (ideal
+over the minimum at sub-batches of 1).
 """
 from __future__ import annotations
 
@@ -98,6 +100,14 @@ def main():
     for name, batch in CASES:
         print(row(name, batch, profiles, budgets), flush=True)
     print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
+    with shapes_only():
+        net = models.get("resnet_deep", depth=1001)
+    _, sched = training_schedule(net, (16, 3, 224, 224))
+    t0 = time.perf_counter()
+    plan = plan_memory(sched, MemoryConfig(budget=12 * 2**30, profile=profiles[0]))
+    print(f"\nresnet-1001 batch 16 at 224x224 ({len(sched.steps)} steps) within 12 GiB on {profiles[0]}: planned in "
+          f"{time.perf_counter() - t0:.1f} s; plan peak {gib(plan.peak_bytes)} GiB, "
+          f"{plan.predicted_overhead * 100:+.1f}% predicted")
     ideal, full, one = floor("vgg16", 256)
     print(f"\nmemory floor, vgg16 batch 256 at 224x224: ideal {gib(ideal)} GiB; minimum {gib(full)} GiB at the full "
           f"batch ({ideal / full:.1f}x less than ideal), {gib(one)} GiB in sub-batches of 1 "
