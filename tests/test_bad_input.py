@@ -362,9 +362,10 @@ def test_cuda_unavailable_here():
     assert isinstance(e.value, RuntimeError) and isinstance(e.value, minidnn.MinidnnError)
 
 
-def test_torch_imported_first_is_named_with_the_fix():
+def test_torch_imported_first_is_named_with_the_fix(tmp_path):
     """PyTorch loads the OpenMP runtime with spinning threads before minidnn can ask for passive
-    ones; the CPU backend says so and how to avoid it (a fresh process: the policy is per process)."""
+    ones; the CPU backend says so and how to avoid it (a fresh process: the policy is per process).
+    The process runs outside the checkout, so that it imports the installed package, not the sources."""
     pytest.importorskip("torch")
     import os
     import subprocess
@@ -376,8 +377,8 @@ def test_torch_imported_first_is_named_with_the_fix():
             "    get_backend('cpu')\n"
             "print([str(x.message) for x in w])\n")
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     assert "import minidnn first" in out and "OMP_WAIT_POLICY=PASSIVE" in out
     env["OMP_WAIT_POLICY"] = "PASSIVE"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     assert out.strip() == "[]"
