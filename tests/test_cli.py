@@ -175,7 +175,16 @@ def test_interrupted_and_resumed_run_repeats_the_uninterrupted_one(resnet_full, 
     assert_same_checkpoint_tensors(tmp_path / "checkpoint.safetensors", resnet_full / "checkpoint.safetensors")
 
 
-def test_ctrl_c_is_deferred_to_the_end_of_the_step(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def ctrl_c_live():
+    """Ctrl-C raising KeyboardInterrupt, as in a terminal (a background job of a non-interactive
+    shell starts with SIGINT ignored, which the training loop respects)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_is_deferred_to_the_end_of_the_step(tmp_path, capsys, monkeypatch, ctrl_c_live):
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert run(capsys, "train", *LENET_ARGS, "--out", full)[0] == 0
     interrupt_after(monkeypatch, 2, how="signal")                 # SIGINT arrives during step 3, the last of epoch 1
