@@ -8,63 +8,7 @@ import minidnn
 from harness import host
 from minidnn import nn, optim
 from minidnn.schedule import aligned
-
-
-# -- networks (minidnn layers, or torch.nn for the eval comparison) ------------------------------
-
-def make_lenet(nn=nn, dropout=False):
-    class LeNet5(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.features = nn.Sequential(
-                nn.Conv2d(1, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2))
-            self.flatten = nn.Flatten()
-            self.classifier = nn.Sequential(
-                nn.Linear(400, 120), nn.ReLU(), *([nn.Dropout(0.5)] if dropout else []),
-                nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
-
-        def forward(self, x):
-            return self.classifier(self.flatten(self.features(x)))
-
-    return LeNet5()
-
-
-def make_resnet(nn=nn, dropout=False):
-    class BasicBlock(nn.Module):
-        def __init__(self, inplanes, planes, stride=1, downsample=None):
-            super().__init__()
-            self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(planes)
-            self.relu = nn.ReLU()
-            self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(planes)
-            self.downsample = downsample
-
-        def forward(self, x):
-            out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
-            identity = x if self.downsample is None else self.downsample(x)
-            return self.relu(out + identity)
-
-    class SmallResNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(8)
-            self.relu = nn.ReLU()
-            self.layer1 = nn.Sequential(BasicBlock(8, 8))
-            self.layer2 = nn.Sequential(BasicBlock(8, 16, stride=2, downsample=nn.Sequential(
-                nn.Conv2d(8, 16, 1, stride=2, bias=False), nn.BatchNorm2d(16))))
-            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-            self.flatten = nn.Flatten()
-            self.drop = nn.Dropout(0.3) if dropout else nn.Identity()
-            self.fc = nn.Linear(16, 10)
-
-        def forward(self, x):
-            x = self.layer2(self.layer1(self.relu(self.bn1(self.conv1(x)))))
-            return self.fc(self.drop(self.flatten(self.avgpool(x))))
-
-    return SmallResNet()
+from networks import make_lenet, make_resnet
 
 
 NETS = {"lenet": (make_lenet, (8, 1, 28, 28)), "resnet": (make_resnet, (8, 3, 16, 16))}
@@ -78,7 +22,7 @@ def batch(shape, seed):
 def trainer_for(name, optimizer=None, memory=None, init=0, dropout=False, shape=None, **kw):
     """A trainer for a fresh net with weights from ``init``; ``kw`` go to compile (``seed``, ``dtype``)."""
     factory, default = NETS[name]
-    net = factory(dropout=dropout).init_parameters(init)
+    net = factory(nn, dropout=dropout).init_parameters(init)
     if optimizer is None:
         optimizer = optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4)
     return minidnn.compile(net, shape or default, nn.CrossEntropyLoss(), optimizer, memory=memory, **kw)
@@ -337,7 +281,7 @@ def test_predict_matches_torch_eval():
                                           (optim.Adam(), 2)], ids=["grads-only", "sgd", "momentum", "adam"])
 @pytest.mark.parametrize("name", list(NETS))
 def test_persistent_region(name, opt, n_states):
-    net = NETS[name][0]().init_parameters(0)
+    net = NETS[name][0](nn).init_parameters(0)
     expected = net.state_dict()
     expected = {k: np.array(v) for k, v in expected.items()}
     trainer = minidnn.compile(net, NETS[name][1], nn.CrossEntropyLoss(), opt)

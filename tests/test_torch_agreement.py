@@ -1,8 +1,8 @@
 """Whole-network agreement with PyTorch: losses, every gradient, optimizer trajectories, BN statistics.
 
-Each network is written once as a class factory over a layer namespace
-(``minidnn.nn`` or ``torch.nn``) and a ``cat`` function, so both frameworks get
-exactly the same structure and the same state_dict names. Weights are made by
+Each network (tests/networks.py) is written once as a class factory over a layer
+namespace (``minidnn.nn`` or ``torch.nn``) and a ``cat`` function, so both frameworks
+get exactly the same structure and the same state_dict names. Weights are made by
 minidnn and copied into torch through the state_dict.
 """
 
@@ -11,6 +11,7 @@ import pytest
 
 import minidnn
 from harness import host
+from networks import make_densenet, make_lenet, make_resnet
 from minidnn import nn as mnn
 from minidnn import optim
 
@@ -28,93 +29,6 @@ def rel_err(a, b):
     if a.size == 0:
         return 0.0
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), TINY))
-
-
-# -- the networks, written once over a layer namespace --------------------------------------------
-
-def make_lenet(nn, cat):
-    class LeNet5(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.features = nn.Sequential(
-                nn.Conv2d(1, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2))
-            self.flatten = nn.Flatten()
-            self.classifier = nn.Sequential(
-                nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
-
-        def forward(self, x):
-            return self.classifier(self.flatten(self.features(x)))
-
-    return LeNet5()
-
-
-def make_resnet(nn, cat):
-    class BasicBlock(nn.Module):
-        def __init__(self, inplanes, planes, stride=1, downsample=None):
-            super().__init__()
-            self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(planes)
-            self.relu = nn.ReLU()
-            self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(planes)
-            self.downsample = downsample
-
-        def forward(self, x):
-            identity = x
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            if self.downsample is not None:
-                identity = self.downsample(x)
-            return self.relu(out + identity)
-
-    class SmallResNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(8)
-            self.relu = nn.ReLU()
-            self.layer1 = nn.Sequential(BasicBlock(8, 8))
-            self.layer2 = nn.Sequential(BasicBlock(8, 16, stride=2, downsample=nn.Sequential(
-                nn.Conv2d(8, 16, 1, stride=2, bias=False), nn.BatchNorm2d(16))))
-            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-            self.flatten = nn.Flatten()
-            self.fc = nn.Linear(16, 10)
-
-        def forward(self, x):
-            x = self.relu(self.bn1(self.conv1(x)))
-            x = self.layer2(self.layer1(x))
-            return self.fc(self.flatten(self.avgpool(x)))
-
-    return SmallResNet()
-
-
-def make_densenet(nn, cat):
-    class DenseLayer(nn.Module):
-        def __init__(self, cin, growth):
-            super().__init__()
-            self.norm = nn.BatchNorm2d(cin)
-            self.relu = nn.ReLU()
-            self.conv = nn.Conv2d(cin, growth, 3, padding=1, bias=False)
-
-        def forward(self, x):
-            return cat([x, self.conv(self.relu(self.norm(x)))], 1)
-
-    class SmallDenseNet(nn.Module):
-        def __init__(self, c0=8, growth=4, layers=3):
-            super().__init__()
-            self.conv0 = nn.Conv2d(3, c0, 3, padding=1, bias=False)  # a bias before BN gets zero gradient
-            self.block = nn.Sequential(*[DenseLayer(c0 + i * growth, growth) for i in range(layers)])
-            c = c0 + layers * growth
-            self.transition = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1),
-                                            nn.AvgPool2d(2))
-            self.flatten = nn.Flatten()
-            self.fc = nn.Linear(c // 2 * 8 * 8, 10)
-
-        def forward(self, x):
-            return self.fc(self.flatten(self.transition(self.block(self.conv0(x)))))
-
-    return SmallDenseNet()
 
 
 NETS = {
@@ -214,12 +128,12 @@ def test_loss_and_every_gradient(name, dtype, tol, device):
     assert_buffers_match(net, tnet, tol)
 
 
-def _run_sgd(name, nesterov, steps=5, device="cpu"):
+def _train_both(name, optimizer, torch_optimizer, steps, device="cpu"):
+    """``steps`` steps of the same network in both frameworks; (net, tnet, losses, torch losses, trainer)."""
     net, tnet, shape = build_pair(name)
-    hp = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=nesterov)
-    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), optimizer=optim.SGD(**hp), device=device,
+    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), optimizer=optimizer, device=device,
                               memory=minidnn.MemoryConfig(check=True, poison=True))
-    topt = torch.optim.SGD(tnet.parameters(), **hp)
+    topt = torch_optimizer(tnet.parameters())
     losses, tlosses = [], []
     for s in range(steps):
         x, y = batch(shape, s)
@@ -232,58 +146,44 @@ def _run_sgd(name, nesterov, steps=5, device="cpu"):
     return net, tnet, losses, tlosses, trainer
 
 
+def assert_same_trajectory(net, tnet, losses, tlosses, tol=1e-4):
+    for s, (a, b) in enumerate(zip(losses, tlosses)):
+        assert abs(a - b) <= tol * abs(b), (s, a, b)
+    tparams = dict(tnet.named_parameters())
+    for n, p in net.named_parameters():
+        assert rel_err(p.data, tparams[n].detach().numpy()) < tol, n
+
+
+def _run_sgd(name, nesterov, steps=5, device="cpu"):
+    hp = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=nesterov)
+    return _train_both(name, optim.SGD(**hp), lambda ps: torch.optim.SGD(ps, **hp), steps, device)
+
+
 @pytest.mark.parametrize("nesterov", [False, True], ids=["momentum", "nesterov"])
 @pytest.mark.parametrize("name", list(NETS))
 def test_sgd_trajectory(name, nesterov, device):
     net, tnet, losses, tlosses, _ = _run_sgd(name, nesterov, device=device)
-    for s, (a, b) in enumerate(zip(losses, tlosses)):
-        assert abs(a - b) <= 1e-4 * abs(b), (s, a, b)
     # the weights actually moved, so agreement of the final parameters means something
     init, _, _ = build_pair(name)
     moved = max(rel_err(p.data, init_p.data) for (_, p), (_, init_p)
                 in zip(net.named_parameters(), init.named_parameters()))
     assert moved > 1e-3
-    tparams = dict(tnet.named_parameters())
-    for n, p in net.named_parameters():
-        assert rel_err(p.data, tparams[n].detach().numpy()) < 1e-4, n
+    assert_same_trajectory(net, tnet, losses, tlosses)
     assert_buffers_match(net, tnet, 1e-4)
 
 
 def test_adam_resnet(device):
-    net, tnet, shape = build_pair("resnet")
-    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), device=device,
-                              optimizer=optim.Adam(lr=1e-3, weight_decay=1e-4),
-                              memory=minidnn.MemoryConfig(check=True, poison=True))
-    topt = torch.optim.Adam(tnet.parameters(), lr=1e-3, weight_decay=1e-4)
-    for s in range(5):
-        x, y = batch(shape, s)
-        loss = trainer.step(x, y)
-        topt.zero_grad()
-        tl = torch_loss(tnet, x, y)
-        tl.backward()
-        topt.step()
-        assert abs(loss - tl.item()) <= 1e-4 * abs(tl.item()), s
-    tparams = dict(tnet.named_parameters())
-    for n, p in net.named_parameters():
-        assert rel_err(p.data, tparams[n].detach().numpy()) < 1e-4, n
+    net, tnet, losses, tlosses, _ = _train_both(
+        "resnet", optim.Adam(lr=1e-3, weight_decay=1e-4),
+        lambda ps: torch.optim.Adam(ps, lr=1e-3, weight_decay=1e-4), 5, device)
+    assert_same_trajectory(net, tnet, losses, tlosses)
     assert_buffers_match(net, tnet, 1e-4)
 
 
 def test_adamw_lenet():
-    net, tnet, shape = build_pair("lenet")
-    trainer = minidnn.compile(net, shape, mnn.CrossEntropyLoss(), optimizer=optim.AdamW(lr=1e-3, weight_decay=0.1))
-    topt = torch.optim.AdamW(tnet.parameters(), lr=1e-3, weight_decay=0.1)
-    for s in range(3):
-        x, y = batch(shape, s)
-        loss = trainer.step(x, y)
-        topt.zero_grad()
-        tl = torch_loss(tnet, x, y)
-        tl.backward()
-        topt.step()
-        assert abs(loss - tl.item()) <= 1e-4 * abs(tl.item()), s
-    tparams = dict(tnet.named_parameters())
-    for n, p in net.named_parameters():
-        assert rel_err(p.data, tparams[n].detach().numpy()) < 1e-4, n
+    net, tnet, losses, tlosses, _ = _train_both(
+        "lenet", optim.AdamW(lr=1e-3, weight_decay=0.1), lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1), 3)
+    assert_same_trajectory(net, tnet, losses, tlosses)
 
 
 @pytest.mark.parametrize("name", ["resnet", "densenet"])

@@ -16,7 +16,21 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-class Conv2d(Module):
+class _Conv(Module):
+    """A convolution's weight (initialized from its own shape, as PyTorch does) and optional bias."""
+
+    def _make_parameters(self, shape, bias):
+        self.weight = Parameter(np.empty(shape, np.float32))
+        self.bias = Parameter(np.empty(self.out_channels, np.float32)) if bias else None
+        self.reset_parameters(_rng())
+
+    def reset_parameters(self, rng):
+        self.weight.data[...] = init.kaiming_uniform(rng, self.weight.shape)
+        if self.bias is not None:
+            self.bias.data[...] = init.bias_uniform(rng, self.weight.shape, self.out_channels)
+
+
+class Conv2d(_Conv):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, padding_mode="zeros"):
         super().__init__()
@@ -28,14 +42,7 @@ class Conv2d(Module):
         self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
         self.padding, self.dilation, self.groups = _pair(padding), _pair(dilation), groups
         shape = (out_channels, in_channels // groups, *self.kernel_size)
-        self.weight = Parameter(np.empty(shape, np.float32))
-        self.bias = Parameter(np.empty(out_channels, np.float32)) if bias else None
-        self.reset_parameters(_rng())
-
-    def reset_parameters(self, rng):
-        self.weight.data[...] = init.kaiming_uniform(rng, self.weight.shape)
-        if self.bias is not None:
-            self.bias.data[...] = init.bias_uniform(rng, self.weight.shape, self.out_channels)
+        self._make_parameters(shape, bias)
 
     def forward(self, x):
         return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -45,7 +52,7 @@ class Conv2d(Module):
                 f"stride={self.stride}, padding={self.padding}")
 
 
-class ConvTranspose2d(Module):
+class ConvTranspose2d(_Conv):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
                  groups=1, bias=True, dilation=1):
         super().__init__()
@@ -53,14 +60,7 @@ class ConvTranspose2d(Module):
         self.kernel_size, self.stride, self.padding = _pair(kernel_size), _pair(stride), _pair(padding)
         self.output_padding, self.dilation, self.groups = _pair(output_padding), _pair(dilation), groups
         shape = (in_channels, out_channels // groups, *self.kernel_size)
-        self.weight = Parameter(np.empty(shape, np.float32))
-        self.bias = Parameter(np.empty(out_channels, np.float32)) if bias else None
-        self.reset_parameters(_rng())
-
-    def reset_parameters(self, rng):
-        self.weight.data[...] = init.kaiming_uniform(rng, self.weight.shape)
-        if self.bias is not None:
-            self.bias.data[...] = init.bias_uniform(rng, self.weight.shape, self.out_channels)
+        self._make_parameters(shape, bias)
 
     def forward(self, x):
         return ops.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding,
