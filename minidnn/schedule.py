@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from .graph import Spec
 
 # categories of tensors, as the memory accounting and traces name them
@@ -89,6 +91,19 @@ class Schedule:
     def persistent_bytes(self) -> int:
         """Bytes of the persistent region (the tensor list is complete once the schedule is built)."""
         return sum(aligned(t.nbytes) for t in self.tensors if t.persistent)
+
+    @cached_property
+    def step_bytes(self) -> list:
+        """Bytes each step reads, writes or updates (each tensor once), by step index."""
+        nbytes = [t.nbytes for t in self.tensors]
+        return [sum(nbytes[t] for t in dict.fromkeys(s.reads + s.writes + s.updates)) for s in self.steps]
+
+    @cached_property
+    def tensor_bytes(self) -> np.ndarray:
+        """Aligned bytes of each tensor's buffer, by tensor id (int64; read-only)."""
+        out = np.fromiter((aligned(t.nbytes) for t in self.tensors), np.int64, len(self.tensors))
+        out.flags.writeable = False
+        return out
 
     @cached_property
     def arena_bytes_no_reuse(self) -> int:

@@ -13,6 +13,8 @@ from .profiles import get_profile
 
 
 def _bytes_touched(schedule, step) -> int:
+    if step.index < len(schedule.steps) and schedule.steps[step.index] is step:
+        return schedule.step_bytes[step.index]        # computed once per schedule
     return sum(schedule.tensors[t].nbytes for t in dict.fromkeys(step.reads + step.writes + step.updates)
                if t < len(schedule.tensors))
 

@@ -17,7 +17,7 @@ from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
 from .plan import Plan
 from .program import Evict, lower, touches
-from .simulator import memory_curve, simulate, step_costs
+from .simulator import memory_curve, simulate
 
 
 def place_program(program):
@@ -29,9 +29,7 @@ def place_program(program):
     Returns (offsets by residency index, arena bytes, placement name).
     """
     res = program.residencies
-    starts = np.fromiter((r.start for r in res), np.int64, len(res))
-    ends = np.fromiter((r.end for r in res), np.int64, len(res))
-    sizes = program.residency_bytes()
+    starts, ends, sizes = program.buffers
     moving = np.fromiter((r.origin != "compute" or r.wait_offload is not None for r in res), bool, len(res))
     moving = np.isin(np.fromiter((r.tensor for r in res), np.int64, len(res)),
                      np.fromiter((r.tensor for r, m in zip(res, moving) if m), np.int64))
@@ -89,15 +87,15 @@ def lower_bound(schedule, algos=None) -> int:
 
 
 def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
-              program=None) -> Plan:
-    """Lower (unless ``program`` is that lowering already), place and simulate ``evictions`` with
-    ``algos``; the Plan (not yet checked against a budget)."""
+              program=None, simulation=None) -> Plan:
+    """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
+    is that replay already) ``evictions`` with ``algos``; the Plan (not yet checked against a budget)."""
     program = program if program is not None else lower(schedule, evictions, touch, algos)
     offsets, arena, how = place_program(program)
     for k, r in enumerate(program.residencies):
         r.offset = offsets[k]
     persistent = schedule.persistent_bytes
-    sim = simulate(program, schedule, cost, algos=algos) if cost is not None else None
+    sim = simulation if simulation is not None or cost is None else simulate(program, schedule, cost, algos=algos)
     return Plan(schedule=schedule, program=program, offsets=offsets, persistent_bytes=persistent,
                 arena_bytes=arena, ideal_bytes=persistent + schedule.arena_bytes_no_reuse,
                 liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
@@ -127,9 +125,14 @@ class AutoPolicy:
     def choose(self, schedule, limit, cost, touch, options, algos):
         """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
         and are traded for smaller workspaces where that costs less than evicting."""
-        c = _Candidates(schedule, cost, touch, self.recompute, self.offload, options, algos, self.copies_free)
-        ev = c.greedy(limit)
-        return (None, None) if ev is None else (ev, c.algos)
+        return self.chooser(schedule, cost, touch, options, algos)(limit)
+
+    def chooser(self, schedule, cost, touch, options, algos):
+        """``choose`` for one schedule at any number of limits: a function limit -> (evictions,
+        algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
+        so one run of it, continued as lower limits are asked for, answers every limit."""
+        return _Candidates(schedule, cost, touch, self.recompute, self.offload, options, algos,
+                           self.copies_free).greedy
 
 
 class _Candidates:
@@ -185,6 +188,11 @@ class _Candidates:
         self.taken = np.zeros(len(rows), bool)
         self.copy_capacity = 0.9 * self.cum[-1]   # what the copy stream can hide behind one iteration
         self.copy_used = 0.0
+        # the greedy's state: the curve as decided so far, the algorithms then, and each decision
+        # with the curve's peak before it
+        self.live = self.curve.astype(np.float64)
+        self.current = dict(self.algos)
+        self.peaks, self.decisions, self.stuck = [], [], False
 
     def _recompute_cost(self, t, at, producer, depth=0):
         src = producer.get(t)
@@ -208,42 +216,67 @@ class _Candidates:
         return np.minimum(off, rc), off <= rc
 
     def greedy(self, limit):
-        """Evict until the approximate curve fits ``limit``; returns {(t, gap): Evict} or None."""
-        curve = self.curve.astype(np.float64)
-        chosen = {}
-        while True:
-            s = int(np.argmax(curve))
-            if curve[s] <= limit:
-                return chosen
-            mask = (self.A < s) & (self.B > s) & ~self.taken
-            best = np.inf
-            if mask.any():
-                cost, is_off = self._costs(mask)
-                ratio = (cost + 1e-9) / self.size[mask]
-                j = int(np.argmin(ratio))
-                best = ratio[j]
-            swap = self._cheaper_algorithm(s)
-            if swap is not None and swap[0] <= best:
-                _, freed, algo = swap
-                self.algos[s] = algo
-                curve[s] -= freed
-                continue
-            if not mask.any():
-                return None
-            k = int(np.flatnonzero(mask)[j])
-            self.taken[k] = True
-            t, g, a, b, size = self.rows[k]
-            if is_off[j]:
-                self.copy_used += self.xfer[k]
-            chosen[(t, g)] = Evict("offload" if is_off[j] else "recompute")
-            curve[a + 1:b] -= size
+        """(evictions {(t, gap): Evict}, algorithms) that bring the approximate curve within
+        ``limit``, or (None, None). Evicts greedily at the peak; the decisions are recorded, so a
+        higher limit than one asked before is answered by a prefix of them and a lower one by
+        continuing from where the last stopped."""
+        peaks, steps = self.peaks, self.decisions
+        k = next((i for i, p in enumerate(peaks) if p <= limit), None)
+        while k is None:
+            s = int(np.argmax(self.live))
+            peak = self.live[s]
+            if peak <= limit:
+                k = len(steps)
+                break
+            decision = None if self.stuck else self._decide(s)
+            if decision is None:
+                self.stuck = True
+                break
+            peaks.append(peak)
+            steps.append(decision)
+        if k is None:
+            return None, None
+        chosen, algos = {}, dict(self.algos)
+        for d in steps[:k]:
+            if d[0] == "algo":
+                algos[d[1]] = d[2]
+            else:
+                chosen[d[1]] = d[2]
+        return chosen, algos
+
+    def _decide(self, s):
+        """Take the cheapest way to lower the curve at its peak, step ``s``: an eviction or a smaller
+        workspace, applied to the curve. The decision, or None if none is left."""
+        curve = self.live
+        mask = (self.A < s) & (self.B > s) & ~self.taken
+        best = np.inf
+        if mask.any():
+            cost, is_off = self._costs(mask)
+            ratio = (cost + 1e-9) / self.size[mask]
+            j = int(np.argmin(ratio))
+            best = ratio[j]
+        swap = self._cheaper_algorithm(s)
+        if swap is not None and swap[0] <= best:
+            _, freed, algo = swap
+            self.current[s] = algo
+            curve[s] -= freed
+            return ("algo", s, algo)
+        if not mask.any():
+            return None
+        k = int(np.flatnonzero(mask)[j])
+        self.taken[k] = True
+        t, g, a, b, size = self.rows[k]
+        if is_off[j]:
+            self.copy_used += self.xfer[k]
+        curve[a + 1:b] -= size
+        return ("evict", (t, g), Evict("offload" if is_off[j] else "recompute"))
 
     def _cheaper_algorithm(self, s):
         """(seconds lost per byte freed, bytes freed, Algo) of the best smaller-workspace algorithm at step s."""
         opts = self.options.get(s)
         if not opts:
             return None
-        cur = self.algos.get(s, opts[0][1])
+        cur = self.current.get(s, opts[0][1])
         t_cur = next(t for t, a in opts if a == cur)
         best = None
         for t, a in opts:
@@ -300,28 +333,34 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     touch = touches(schedule)
     options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
     quick = fastest(options)
-    base = make_plan(schedule, {}, cost, "none", touch=touch, algos=quick)
-    base.baseline = base.simulation
-    base.lower_bound_bytes = lower_bound(schedule, smallest(options))
-    budget = config.resolve(base.liveness_peak_bytes)
-    base.budget = budget
-    if budget is None or base.peak_bytes <= budget or config.policy == "none":
-        if budget is not None and base.peak_bytes > budget:
-            _infeasible(budget, base.peak_bytes, base)
-        return base
+    unlimited = lower(schedule, {}, touch, quick)
+    baseline = simulate(unlimited, schedule, cost, algos=quick)
+    liveness = schedule.persistent_bytes + int(memory_curve(unlimited).max(initial=0))
+    least_bytes = lower_bound(schedule, smallest(options))
+    budget = config.resolve(liveness)
+    # the unlimited plan is placed only where it may be the answer: its arena is at least its liveness peak
+    if budget is None or liveness <= budget or config.policy == "none":
+        base = make_plan(schedule, {}, cost, "none", touch=touch, algos=quick, program=unlimited,
+                         simulation=baseline)
+        base.baseline, base.lower_bound_bytes, base.budget = baseline, least_bytes, budget
+        if budget is None or base.peak_bytes <= budget or config.policy == "none":
+            if budget is not None and base.peak_bytes > budget:
+                _infeasible(budget, base.peak_bytes, base)
+            return base
     policy = config.policy_object()
     limit = budget - schedule.persistent_bytes
     secs = [cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps]
 
-    def build(ev, algos, program=None):
-        p = make_plan(schedule, ev, cost, policy.name, budget, base.simulation, touch, algos, program)
-        p.liveness_peak_bytes, p.lower_bound_bytes = base.liveness_peak_bytes, base.lower_bound_bytes
+    def build(ev, algos, program=None, simulation=None):
+        p = make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation)
+        p.liveness_peak_bytes, p.lower_bound_bytes = liveness, least_bytes
         p.baseline_algos = quick
         return p
 
     best = None
     for variant in policy_variants(policy, cost):
-        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick)
+        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick,
+                    beat=best.simulation.seconds if best is not None else None)
         if plan is not None and (best is None or plan.simulation.seconds < best.simulation.seconds):
             best = plan
     if best is not None:
@@ -329,7 +368,9 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
                                  secs)
         return better if better is not None and better.simulation.seconds < best.simulation.seconds else best
     least = minimum_plan(schedule, cost, touch, build, options)
-    if least.peak_bytes > budget:
+    if least.peak_bytes > budget:   # where evicting fragments more than it frees, evicting nothing needs less
+        full = make_plan(schedule, {}, None, "none", touch=touch, algos=quick, program=unlimited)
+        least = min((least, full), key=lambda p: p.peak_bytes)
         _infeasible(budget, least.peak_bytes, least)
     if policy.name != "auto":
         raise MemoryBudgetError(
@@ -348,7 +389,7 @@ def policy_variants(policy, cost):
     return [policy]
 
 
-def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8):
+def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, beat=None):
     """The fastest plan found whose exact placement fits ``limit``, or None.
 
     The policy plans against an approximate curve; what lowering (inputs that a
@@ -356,9 +397,18 @@ def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8):
     only afterwards. So the policy's target is searched: lowered by at least the
     overshoot until a plan fits, then bisected between the highest target that
     fit and the lowest that did not (a higher target evicts less).
+
+    With ``beat`` (the step time of a plan found already), a search in which no
+    plan has fit yet ends at an attempt predicted to take ``beat`` or longer
+    (the simulation does not depend on placement, so it is not placed): a lower
+    target only evicts more, so no later attempt is faster.
     """
+    choose = policy.chooser(schedule, cost, touch, options, algos) if hasattr(policy, "chooser") else None
+
     def attempt(target):
-        if hasattr(policy, "choose"):
+        if choose is not None:
+            ev, chosen = choose(target)
+        elif hasattr(policy, "choose"):
             ev, chosen = policy.choose(schedule, target, cost, touch, options, algos)
         else:
             ev, chosen = policy.evictions(schedule, target, cost, touch), algos
@@ -368,7 +418,10 @@ def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8):
         live = int(memory_curve(program).max(initial=0))
         if live > limit:                         # only a candidate that can fit is worth placing
             return None, live
-        plan = build(ev, chosen, program)
+        sim = simulate(program, schedule, cost, algos=chosen)
+        if beat is not None and best is None and sim.seconds >= beat:
+            return None, None                    # cannot win, nor can a lower target
+        plan = build(ev, chosen, program, sim)
         return (plan, None) if plan.arena_bytes <= limit else (None, plan.arena_bytes)
 
     step = max(limit // 64, 1)
@@ -408,9 +461,10 @@ def minimum_bytes(schedule, config=None, cost=None) -> int:
     cost = CachedCost(cost or ProfileCost(config.profile))
     touch = touches(schedule)
     options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
-    return minimum_plan(schedule, cost, touch,
-                        lambda ev, al: make_plan(schedule, ev, None, "minimum", touch=touch, algos=al),
-                        options).peak_bytes
+    least = minimum_plan(schedule, cost, touch,
+                         lambda ev, al: make_plan(schedule, ev, None, "minimum", touch=touch, algos=al), options)
+    full = make_plan(schedule, {}, None, "none", touch=touch, algos=fastest(options))
+    return min(least.peak_bytes, full.peak_bytes)
 
 
 def _infeasible(budget, minimum, plan):

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -54,11 +55,18 @@ class Program:
     host_slots: dict = field(default_factory=dict)   # tensor id -> host store offset
     host_bytes: int = 0
     origin: list = field(default_factory=list)  # step index -> the schedule step it runs (-1 for copies)
+    tensor_bytes: np.ndarray = None   # aligned bytes by tensor id, set by the lowering
 
-    def residency_bytes(self) -> np.ndarray:
-        """Aligned bytes of each residency's buffer."""
-        nbytes = [aligned(t.nbytes) for t in self.tensors]
-        return np.fromiter((nbytes[r.tensor] for r in self.residencies), np.int64, len(self.residencies))
+    @cached_property
+    def buffers(self) -> tuple:
+        """(starts, ends, aligned bytes) of the residencies, as int64 arrays. Computed once: a
+        Program's residencies do not change after lowering (placement only sets their offsets)."""
+        res, n = self.residencies, len(self.residencies)
+        arrays = (np.fromiter((r.start for r in res), np.int64, n), np.fromiter((r.end for r in res), np.int64, n),
+                  self.tensor_bytes[np.fromiter((r.tensor for r in res), np.int64, n)])
+        for a in arrays:
+            a.flags.writeable = False
+        return arrays
 
 
 def touches(schedule) -> dict:
@@ -82,6 +90,7 @@ class _Lowering:
         self.sched, self.touch, self.algos = schedule, touch, algos
         self.tensors = list(schedule.tensors)
         self.steps, self.res, self.origin = [], [], []
+        self.ws_bytes = []                   # aligned bytes of the workspace tensors added here
         self.cur: dict[int, int] = {}        # tensor id -> index of its open residency
         self.host_valid: set = set()
         self.host_slots: dict = {}
@@ -97,9 +106,10 @@ class _Lowering:
                 self.prefetch_at[max(a + 1, b - ev.lead)].append(t)
 
     # -- bookkeeping ----------------------------------------------------------
-    def emit(self, step, orig=-1) -> int:
+    def emit(self, step, orig=-1, **changes) -> int:
         new = object.__new__(Step)           # the step renumbered: a shallow copy, ~10x cheaper than replace()
         new.__dict__.update(step.__dict__)
+        new.__dict__.update(changes)
         new.index, step = len(self.steps), new
         self.steps.append(step)
         self.origin.append(orig)
@@ -122,6 +132,7 @@ class _Lowering:
         if not nbytes:
             return None
         self.tensors.append(Tensor(len(self.tensors), f"{label}:workspace", Spec((nbytes,), "uint8"), WORKSPACE))
+        self.ws_bytes.append(aligned(nbytes))
         return self.tensors[-1].id
 
     # -- restoring evicted tensors ----------------------------------------------
@@ -180,10 +191,12 @@ class _Lowering:
             algo = self.algos.get(s.index)
             if algo is not None:              # the chosen algorithm brings its own workspace
                 touched = [t for t in touched if t != s.ws]
-                s = replace(s, algo=algo.name, ws=self.workspace(s.label, algo.workspace))
-            i = self.emit(s, s.index)
-            if s.ws is not None and algo is not None:
-                self.res.append(Residency(s.ws, i, i, "compute"))
+                ws = self.workspace(s.label, algo.workspace)
+                i = self.emit(s, s.index, algo=algo.name, ws=ws)
+                if ws is not None:
+                    self.res.append(Residency(ws, i, i, "compute"))
+            else:
+                i = self.emit(s, s.index)
             for t in touched:
                 if t in cur:
                     self.extend(t, i)
@@ -204,7 +217,8 @@ class _Lowering:
         for t in list(cur):
             self.close(t, last)
         self._apply_delays()
-        return Program(self.steps, tensors, self.res, self.host_slots, self.host_bytes, self.origin)
+        nbytes = np.concatenate([self.sched.tensor_bytes, np.array(self.ws_bytes, np.int64)])
+        return Program(self.steps, tensors, self.res, self.host_slots, self.host_bytes, self.origin, nbytes)
 
     def offload(self, t, i, ev):
         if t in self.host_valid:              # an up-to-date host copy exists: just drop it

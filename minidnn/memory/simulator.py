@@ -37,10 +37,10 @@ class Simulation:
 
 def memory_curve(program) -> np.ndarray:
     """Arena bytes held at each step of ``program`` (placement aside)."""
-    res, sizes = program.residencies, program.residency_bytes()
+    starts, ends, sizes = program.buffers
     diff = np.zeros(len(program.steps) + 1, np.int64)
-    np.add.at(diff, np.fromiter((r.start for r in res), np.int64, len(res)), sizes)
-    np.subtract.at(diff, np.fromiter((r.end + 1 for r in res), np.int64, len(res)), sizes)
+    np.add.at(diff, starts, sizes)
+    np.subtract.at(diff, ends + 1, sizes)
     return np.cumsum(diff[:-1])
 
 
