@@ -45,6 +45,7 @@ class Plan:
     host_bytes: int = 0
     placement: str = "single pool"
     algos: dict = None              # schedule step index -> the ops.base.Algo it runs with
+    keep_within: int = 0            # the lowering's horizon for recomputed chain inputs (program.lower)
 
     @property
     def algorithm_changes(self) -> dict:

@@ -87,10 +87,10 @@ def lower_bound(schedule, algos=None) -> int:
 
 
 def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
-              program=None, simulation=None) -> Plan:
+              program=None, simulation=None, keep_within=0) -> Plan:
     """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
     is that replay already) ``evictions`` with ``algos``; the Plan (not yet checked against a budget)."""
-    program = program if program is not None else lower(schedule, evictions, touch, algos)
+    program = program if program is not None else lower(schedule, evictions, touch, algos, keep_within)
     offsets, arena, how = place_program(program)
     for k, r in enumerate(program.residencies):
         r.offset = offsets[k]
@@ -100,7 +100,7 @@ def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, tou
                 arena_bytes=arena, ideal_bytes=persistent + schedule.arena_bytes_no_reuse,
                 liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
                 budget=budget, policy=policy, simulation=sim, baseline=baseline, evictions=dict(evictions),
-                host_bytes=program.host_bytes, placement=how, algos=dict(algos or {}))
+                host_bytes=program.host_bytes, placement=how, algos=dict(algos or {}), keep_within=keep_within)
 
 
 class AutoPolicy:
@@ -351,8 +351,9 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     limit = budget - schedule.persistent_bytes
     secs = [cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps]
 
-    def build(ev, algos, program=None, simulation=None):
-        p = make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation)
+    def build(ev, algos, program=None, simulation=None, keep_within=0):
+        p = make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
+                      keep_within)
         p.liveness_peak_bytes, p.lower_bound_bytes = liveness, least_bytes
         p.baseline_algos = quick
         return p
@@ -361,11 +362,13 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     for variant in policy_variants(policy, cost):
         plan = _fit(variant, schedule, limit, cost, touch, build, options, quick,
                     beat=best.simulation.seconds if best is not None else None)
+        if plan is not None and _rechains(plan):
+            plan = _keep_chains(variant, schedule, limit, cost, touch, build, options, quick, plan)
         if plan is not None and (best is None or plan.simulation.seconds < best.simulation.seconds):
             best = plan
     if best is not None:
-        better = _hide_transfers(lambda ev: build(ev, best.algos), schedule, best.evictions, cost, limit, touch,
-                                 secs)
+        better = _hide_transfers(lambda ev: build(ev, best.algos, keep_within=best.keep_within), schedule,
+                                 best.evictions, cost, limit, touch, secs)
         return better if better is not None and better.simulation.seconds < best.simulation.seconds else best
     least = minimum_plan(schedule, cost, touch, build, options)
     if least.peak_bytes > budget:   # where evicting fragments more than it frees, evicting nothing needs less
@@ -389,7 +392,29 @@ def policy_variants(policy, cost):
     return [policy]
 
 
-def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, beat=None):
+def _rechains(plan) -> bool:
+    """Whether the plan's recomputations mostly recompute chains of dropped inputs again and again
+    (more than three recompute steps per recomputed value; below that, searching for a horizon
+    costs a deep network's planning more time than its plan gains)."""
+    chosen = sum(ev.kind == "recompute" for ev in plan.evictions.values())
+    return chosen > 0 and sum(s.kind == "recompute" for s in plan.program.steps) > 3 * chosen
+
+
+def _keep_chains(policy, schedule, limit, cost, touch, build, options, algos, best):
+    """The fastest of ``best`` and plans whose lowering keeps recomputed chain inputs for their
+    next use within a horizon, doubled while that keeps getting faster: a longer horizon
+    recomputes less but holds more, so at some point the policy must evict more to fit."""
+    horizon = 16
+    while horizon < len(schedule.steps):
+        plan = _fit(policy, schedule, limit, cost, touch, build, options, algos, keep_within=horizon,
+                    beat=best.simulation.seconds)
+        if plan is None or plan.simulation.seconds >= best.simulation.seconds:
+            break
+        best, horizon = plan, 2 * horizon
+    return best
+
+
+def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, beat=None, keep_within=0):
     """The fastest plan found whose exact placement fits ``limit``, or None.
 
     The policy plans against an approximate curve; what lowering (inputs that a
@@ -414,14 +439,14 @@ def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, 
             ev, chosen = policy.evictions(schedule, target, cost, touch), algos
         if ev is None:
             return None, None
-        program = lower(schedule, ev, touch, chosen)
+        program = lower(schedule, ev, touch, chosen, keep_within)
         live = int(memory_curve(program).max(initial=0))
         if live > limit:                         # only a candidate that can fit is worth placing
             return None, live
         sim = simulate(program, schedule, cost, algos=chosen)
         if beat is not None and best is None and sim.seconds >= beat:
             return None, None                    # cannot win, nor can a lower target
-        plan = build(ev, chosen, program, sim)
+        plan = build(ev, chosen, program, sim, keep_within)
         return (plan, None) if plan.arena_bytes <= limit else (None, plan.arena_bytes)
 
     step = max(limit // 64, 1)

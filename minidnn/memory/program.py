@@ -79,15 +79,23 @@ def touches(schedule) -> dict:
     return dict(out)
 
 
-def lower(schedule, evictions: dict, touch=None, algos=None) -> Program:
+def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0) -> Program:
     """Build the Program for ``evictions``: {(tensor id, gap index): Evict}, running each
-    schedule step i with algorithm ``algos[i]`` (an ops.base.Algo) where given."""
-    return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule), algos or {}).run()
+    schedule step i with algorithm ``algos[i]`` (an ops.base.Algo) where given.
+
+    A recomputation whose input was dropped too recomputes that input first (a chain). The
+    input is then dropped again, unless its own next use is at most ``keep_within`` schedule
+    steps away: then it stays until that use, which saves recomputing the chain once more
+    (a segment of recomputed layers is recomputed once, not once per layer, at the cost of
+    holding it through its backward)."""
+    return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule), algos or {},
+                     keep_within).run()
 
 
 class _Lowering:
-    def __init__(self, schedule, evictions, touch, algos):
-        self.sched, self.touch, self.algos = schedule, touch, algos
+    def __init__(self, schedule, evictions, touch, algos, keep_within=0):
+        self.sched, self.touch, self.algos, self.keep_within = schedule, touch, algos, keep_within
+        self.now = 0                          # the schedule step being lowered
         self.tensors = list(schedule.tensors)
         self.steps, self.res, self.origin = [], [], []
         self.ws_bytes = []                   # aligned bytes of the workspace tensors added here
@@ -169,8 +177,11 @@ class _Lowering:
                 self.extend(u, i)
             else:
                 self.open(u, i, "recompute")
-        for u in temps:                       # chain temporaries are dropped again after use
-            self.close(u, i)
+        for u in temps:                       # chain temporaries are dropped again after use, unless used soon
+            ts = self.touch[u]
+            k = bisect.bisect_right(ts, self.now)
+            if u not in needed and (k == len(ts) or ts[k] - self.now > self.keep_within):
+                self.close(u, i)
         for u in src.outs:                    # so are outputs nobody needs now
             if u != t and u not in needed and self.res[self.cur[u]].origin == "recompute" and u not in stack:
                 self.close(u, i)
@@ -180,6 +191,7 @@ class _Lowering:
         tensors, touch, cur = self.tensors, self.touch, self.cur
         arena = [not t.persistent for t in tensors]
         for s in self.sched.steps:
+            self.now = s.index
             for t in self.prefetch_at.get(s.index, ()):
                 if t not in cur:
                     self.prefetch(t)
