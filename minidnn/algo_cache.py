@@ -2,7 +2,9 @@
 
 :func:`profile_conv` times each algorithm a layer offers, once per (layer
 shape, pass, dtype, backend, CPU), on random data in freshly allocated buffers,
-and keeps the medians in a JSON file shared by every process of the machine:
+and keeps the fastest of a few runs (other load only ever adds time, so a
+median measured on a busy machine would be cached as the algorithm's speed for
+good) in a JSON file shared by every process of the machine:
 ``$MINIDNN_CACHE_DIR/algos.json``, else ``~/.cache/minidnn/algos.json``.
 
 Writers merge their entries into the file's current content under an
@@ -17,7 +19,6 @@ import contextlib
 import json
 import os
 import platform
-import statistics
 import tempfile
 import time
 import types
@@ -30,7 +31,7 @@ try:
 except ImportError:          # Windows: atomic replace only, no lock
     fcntl = None
 
-VERSION = 1   # bump when the algorithms change enough to invalidate old timings
+VERSION = 2   # bump when the algorithms or the timing rule change enough to invalidate old timings
 
 
 def default_path() -> str:
@@ -126,14 +127,14 @@ class AlgoCache:
 
 
 # ---------------------------------------------------------------- profiling
-def _median_time(fn, repeats):
+def _best_time(fn, repeats):
     fn()                                   # warm-up: page faults, BLAS buffers, caches
     ts = []
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return min(ts)
 
 
 def _buffers(specs, rng):
@@ -141,7 +142,7 @@ def _buffers(specs, rng):
 
 
 def measure(op, in_specs, out_specs, pass_, backend, names=None, repeats=3) -> dict:
-    """{algorithm: median seconds} of ``op``'s pass, measured now (no cache).
+    """{algorithm: seconds, the fastest of ``repeats`` runs} of ``op``'s pass, measured now (no cache).
 
     A Conv2d backward pair "data/filter" is timed as the sum of its halves
     (each half run alone, the other gradient not requested); a pair of one
@@ -160,8 +161,8 @@ def measure(op, in_specs, out_specs, pass_, backend, names=None, repeats=3) -> d
         ws = backend.empty(algos[name].workspace)
         ctx = types.SimpleNamespace(k=k, rng=rng, recompute=False, algo=name, xp=np, conv=conv_algos)
         if pass_ == "forward":
-            return _median_time(lambda: op.forward(ctx, ins, outs, ws), repeats)
-        return _median_time(lambda: op.backward(ctx, ins, outs, gouts, gins, ws), repeats)
+            return _best_time(lambda: op.forward(ctx, ins, outs, ws), repeats)
+        return _best_time(lambda: op.backward(ctx, ins, outs, gouts, gins, ws), repeats)
 
     if pass_ == "forward":
         return {n: run(n) for n in names}
@@ -185,7 +186,7 @@ def measure(op, in_specs, out_specs, pass_, backend, names=None, repeats=3) -> d
 
 
 def profile_conv(op, in_specs, out_specs, pass_, backend, repeats=3, cache=None) -> dict:
-    """{algorithm: median seconds} for every algorithm of ``op``'s ``pass_``, from the
+    """{algorithm: seconds} for every algorithm of ``op``'s ``pass_``, from the
     cache when it has them all, else measured (see :func:`measure`) and cached.
 
     ``cache``: an :class:`AlgoCache`, None for the default one, False for none.
