@@ -414,6 +414,16 @@ def _keep_chains(policy, schedule, limit, cost, touch, build, options, algos, be
     return best
 
 
+def _chooser(policy, schedule, cost, touch, options, algos):
+    """The policy as a function target -> (evictions, algorithms): its resumable chooser where it
+    has one, else its ``choose`` (algorithms too) or ``evictions`` (the given algorithms)."""
+    if hasattr(policy, "chooser"):
+        return policy.chooser(schedule, cost, touch, options, algos)
+    if hasattr(policy, "choose"):
+        return lambda target: policy.choose(schedule, target, cost, touch, options, algos)
+    return lambda target: (policy.evictions(schedule, target, cost, touch), algos)
+
+
 def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, beat=None, keep_within=0):
     """The fastest plan found whose exact placement fits ``limit``, or None.
 
@@ -428,15 +438,10 @@ def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, 
     (the simulation does not depend on placement, so it is not placed): a lower
     target only evicts more, so no later attempt is faster.
     """
-    choose = policy.chooser(schedule, cost, touch, options, algos) if hasattr(policy, "chooser") else None
+    choose = _chooser(policy, schedule, cost, touch, options, algos)
 
     def attempt(target):
-        if choose is not None:
-            ev, chosen = choose(target)
-        elif hasattr(policy, "choose"):
-            ev, chosen = policy.choose(schedule, target, cost, touch, options, algos)
-        else:
-            ev, chosen = policy.evictions(schedule, target, cost, touch), algos
+        ev, chosen = choose(target)
         if ev is None:
             return None, None
         program = lower(schedule, ev, touch, chosen, keep_within)
