@@ -159,7 +159,7 @@ def measure(op, in_specs, out_specs, pass_, backend, names=None, repeats=3) -> d
 
     def run(name, gins=None):
         ws = backend.empty(algos[name].workspace)
-        ctx = types.SimpleNamespace(k=k, rng=rng, recompute=False, algo=name, xp=np, conv=conv_algos)
+        ctx = types.SimpleNamespace(k=k, rng=rng, recompute=False, algo=name, xp=np, conv=backend.conv)
         if pass_ == "forward":
             return _best_time(lambda: op.forward(ctx, ins, outs, ws), repeats)
         return _best_time(lambda: op.backward(ctx, ins, outs, gouts, gins, ws), repeats)

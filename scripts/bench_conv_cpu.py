@@ -28,6 +28,9 @@ import minidnn._C as K
 from minidnn.graph import Spec
 from minidnn.ops import conv_algos
 from minidnn.ops.conv import Conv2dOp
+from minidnn.backend.lanes import Lanes
+
+CONV = conv_algos.Convolutions(Lanes(K))   # runs the lane variants, as the CPU backend does
 
 MiB = 1 << 20
 
@@ -64,15 +67,14 @@ def vgg16(n, size):
     return out
 
 
-def columns(n):
-    return ["im2col"] + [f"im2col_chunk{k}" for k in conv_algos.chunk_sizes(n)] + ["direct", "gemm1x1", "winograd"]
+def columns(n, lanes):
+    return (["im2col"] + [f"im2col_chunk{k}" for k in conv_algos.chunk_sizes(n)]
+            + [f"im2col_chunk{k}x{lanes}" for k in conv_algos.lane_chunk_sizes(n, lanes)]
+            + ["direct", "gemm1x1", "winograd"])
 
 
 def short(name):
-    if name.startswith("im2col_chunk"):
-        k = int(name[len("im2col_chunk"):])
-        return "chunk1" if k == 1 else f"chunk{k}"
-    return name
+    return name[len("im2col_"):] if name.startswith("im2col_chunk") else name
 
 
 def median_time(fn, repeats):
@@ -105,7 +107,7 @@ def bench_layer(spec, repeats, torch):
     big = np.empty(max(a.workspace for a in list(fwd.values()) + list(bwd.values())), np.uint8)
 
     def ctx(a):
-        return types.SimpleNamespace(k=K, rng=None, recompute=False, algo=a)
+        return types.SimpleNamespace(k=K, rng=None, recompute=False, algo=a, conv=CONV)
 
     for a in fwd.values():
         res["forward"][a.name] = median_time(lambda: op.forward(ctx(a.name), [x, w], [y], big[:a.workspace]), repeats)
@@ -149,22 +151,22 @@ def fmt_ms(t):
 
 def report(net, results, tight_frac, torch):
     n = results[0]["shape"][0]
-    cols = columns(n)
+    cols = columns(n, conv_algos.default_lanes())
     heads = [short(c) for c in cols]
     width = max(len(r["layer"]) for r in results) + 5
     print(f"\n=== {net}: time per layer call (ms, median); x<k> = layers of that shape ===")
     for pass_, key in (("forward", "forward"), ("backward-data", "data"), ("backward-filter", "filter")):
         torch_head = "    torch" if torch and key != "filter" else ""
-        print(f"\n{pass_:<{width}}" + "".join(f"{h:>9}" for h in heads) + torch_head)
+        print(f"\n{pass_:<{width}}" + "".join(f"{h:>10}" for h in heads) + torch_head)
         for r in results:
             row = f"{r['layer'] + ' x' + str(r['count']):<{width}}"
-            row += "".join(f"{fmt_ms(r[key].get(c)):>9}" for c in cols)
+            row += "".join(f"{fmt_ms(r[key].get(c)):>10}" for c in cols)
             if torch and key == "forward":
-                row += f"{fmt_ms(r['torch_forward']):>9}"
+                row += f"{fmt_ms(r['torch_forward']):>10}"
             if torch and key == "data":
-                row += f"{fmt_ms(r['torch_backward']):>9}  (torch: data+filter)"
+                row += f"{fmt_ms(r['torch_backward']):>10}  (torch: data+filter)"
             print(row)
-    print(f"\n{'workspace (MiB) fwd / bwd pair':<{width}}" + "".join(f"{h:>9}" for h in heads))
+    print(f"\n{'workspace (MiB) fwd / bwd pair':<{width}}" + "".join(f"{h:>10}" for h in heads))
     for r in results:
         cells = []
         for c in cols:
@@ -174,7 +176,7 @@ def report(net, results, tight_frac, torch):
             pair = r["backward_pairs"].get(c if c != "winograd" else "winograd")
             fwd = f"{r['ws_forward'][c] / MiB:.0f}"
             cells.append(f"{fwd}/{pair[1] / MiB:.0f}" if pair else fwd)
-        print(f"{r['layer']:<{width}}" + "".join(f"{x:>9}" for x in cells))
+        print(f"{r['layer']:<{width}}" + "".join(f"{x:>10}" for x in cells))
 
     # the selector: fastest algorithm whose workspace fits, per pass
     biggest = max(max(r["ws_forward"]["im2col"], r["backward_pairs"]["im2col"][1]) for r in results)
@@ -190,7 +192,7 @@ def report(net, results, tight_frac, torch):
             f = pick({nm: (t, r["ws_forward"][nm]) for nm, t in r["forward"].items()}, limit)
             b = pick(r["backward_pairs"], limit)
             tot += r["count"] * (f[0] + b[0])
-            print(f"    {r['layer']:<{width - 4}} {short(f[2]):>9} {fmt_ms(f[0])} ms {f[1] / MiB:6.1f} MiB | "
+            print(f"    {r['layer']:<{width - 4}} {short(f[2]):>10} {fmt_ms(f[0])} ms {f[1] / MiB:6.1f} MiB | "
                   f"{b[2]:<24} {fmt_ms(b[0])} ms {b[1] / MiB:6.1f} MiB")
         totals[label] = tot
     print(f"\n  whole network (sum over layers x count, forward + backward):")

@@ -4,8 +4,9 @@
 
 For ResNet-18 (CIFAR variant) and VGG-11 at 3x32x32, both frameworks train
 the same network (minidnn's weights copied into PyTorch's) with SGD+momentum,
-on the same thread count; the median of ``--steps`` steps after two warm-up
-steps is reported for each, with the ratio minidnn / PyTorch (< 1: faster).
+on the same thread count, their steps alternated; the median of ``--steps``
+steps after two warm-up steps is reported for each, with the ratio
+minidnn / PyTorch (< 1: faster).
 """
 from __future__ import annotations
 
@@ -86,15 +87,19 @@ def torch_vgg11(tnn, num_classes=10, image_size=32):
     return Net()
 
 
-def median_step(step, steps, warmup=2):
+def median_steps(a, b, steps, warmup=2):
+    """Median step times of ``a`` and ``b``, their steps alternated so that drift of a noisy
+    machine weighs on both alike."""
     for _ in range(warmup):
-        step()
-    times = []
+        a()
+        b()
+    times = {a: [], b: []}
     for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for f in (a, b):
+            t = time.perf_counter()
+            f()
+            times[f].append(time.perf_counter() - t)
+    return statistics.median(times[a]), statistics.median(times[b])
 
 
 def bench(name, mdn_net, torch_net, batch, steps, torch):
@@ -105,7 +110,6 @@ def bench(name, mdn_net, torch_net, batch, steps, torch):
     mdn_net.init_parameters(0)
     torch_net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in mdn_net.state_dict().items()})
     trainer = minidnn.compile(mdn_net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9))
-    t_mdn = median_step(lambda: trainer.step(x, y), steps)
     opt = torch.optim.SGD(torch_net.parameters(), lr=0.01, momentum=0.9)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
@@ -115,7 +119,7 @@ def bench(name, mdn_net, torch_net, batch, steps, torch):
         loss.backward()
         opt.step()
 
-    t_torch = median_step(torch_step, steps)
+    t_mdn, t_torch = median_steps(lambda: trainer.step(x, y), torch_step, steps)
     print(f"{name:<18} batch {batch:>3}  minidnn {t_mdn * 1e3:8.1f} ms  PyTorch {t_torch * 1e3:8.1f} ms  "
           f"ratio {t_mdn / t_torch:5.2f}", flush=True)
     return t_mdn / t_torch

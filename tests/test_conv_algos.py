@@ -16,6 +16,9 @@ from minidnn.algo_cache import AlgoCache, profile_conv  # noqa: E402
 from minidnn.graph import Spec  # noqa: E402
 from minidnn.ops import conv_algos  # noqa: E402
 from minidnn.ops.conv import Conv2dOp, ConvTranspose2dOp  # noqa: E402
+from minidnn.backend.lanes import Lanes  # noqa: E402
+
+CONV = conv_algos.Convolutions(Lanes(_C))   # runs the lane variants, as the CPU backend does
 
 # name: (N, C, H, W, O, kh, kw, stride, padding, dilation, groups, bias)
 CASES = {
@@ -59,7 +62,7 @@ def make(case, dtype):
 
 
 def ctx(name):
-    return types.SimpleNamespace(k=_C, rng=None, recompute=False, algo=name)
+    return types.SimpleNamespace(k=_C, rng=None, recompute=False, algo=name, conv=CONV)
 
 
 def run(op, ins, out_specs, gy, pass_, algo, ws=None):
@@ -109,8 +112,13 @@ def test_default_matches_torch():
 
 def test_listed_algorithms():
     op, ins, in_specs, out_specs, gy = make("3x3_odd_out", np.float32)   # N = 3
-    fwd = [a.name for a in op.algorithms(in_specs, out_specs, "forward")]
-    assert fwd == ["im2col", "im2col_chunk2", "im2col_chunk1", "direct", "winograd"]
+    g = conv_algos.Geom.of(op, *in_specs[:2], out_specs[0])
+    assert conv_algos.names(g, "forward") == ["im2col", "im2col_chunk2", "im2col_chunk1", "direct", "winograd"]
+    # on 2 lanes: one chunk of 2 per lane, and one sample per lane
+    assert conv_algos.names(g, "forward", lanes=2) == ["im2col", "im2col_chunk2", "im2col_chunk1",
+                                                       "im2col_chunk2x2", "im2col_chunk1x2", "direct", "winograd"]
+    assert [a.name for a in op.algorithms(in_specs, out_specs, "forward")] == \
+        conv_algos.names(g, "forward", conv_algos.default_lanes())
     bwd = {a.name: a.workspace for a in op.algorithms(in_specs, out_specs, "backward")}
     assert {"im2col", "im2col_chunk2", "im2col_chunk1", "direct", "winograd", "winograd/direct",
             "direct/im2col_chunk1", "im2col/direct"} <= set(bwd)

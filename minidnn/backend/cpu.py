@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import BackendUnavailable
 from ..ops import conv_algos
 from ..schedule import ALIGN
+from .lanes import Lanes
 
 
 class CPUBackend:
@@ -19,7 +20,6 @@ class CPUBackend:
 
     name = "cpu"
     xp = np
-    conv = conv_algos     # the convolution algorithms (forward/backward by name)
 
     def __init__(self):
         try:
@@ -27,6 +27,8 @@ class CPUBackend:
         except ImportError as e:  # a source checkout without the built extension
             raise BackendUnavailable(f"minidnn's C++ extension is not built ({e}); install with 'pip install .'")
         self.k = _C
+        self.lanes = Lanes(_C)
+        self.conv = conv_algos.Convolutions(self.lanes)   # the convolution algorithms (forward/backward by name)
         from .. import OMP_RUNTIME_LOADED_BEFORE
         if OMP_RUNTIME_LOADED_BEFORE:
             warnings.warn("PyTorch was imported before minidnn and loaded the OpenMP runtime with spinning "

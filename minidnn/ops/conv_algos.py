@@ -11,6 +11,9 @@ name                      forward / backward-data / backward-filter   workspace
 ``im2col`` (default)      unfold the whole batch, one GEMM per group  C*kh*kw*N*L + O*N*L
 ``im2col_chunk{k}``       the same over chunks of k samples           proportional to k (+ one
                                                                       filter-sized partial)
+``im2col_chunk{k}x{p}``   chunks of k on p lanes at once (one core    p times the chunk's (+ a
+                          each, see backend.lanes)                    partial per extra lane and
+                                                                      per lane with 2+ chunks)
 ``direct``                C++ direct convolution, all three passes    0
 ``gemm1x1``               1x1/stride 1/no padding: x is (C, H*W)      0 (backward-filter: one
                           per sample, NumPy matmul into the output    filter-sized partial)
@@ -19,7 +22,9 @@ name                      forward / backward-data / backward-filter   workspace
 ========================  ==========================================  ==========================
 
 Every algorithm writes only its outputs and its workspace, is deterministic
-run to run, and agrees with the others within float32 rounding.
+run to run, and agrees with the others within float32 rounding. The lane
+variants are listed for as many lanes as the kernels have threads; they need a
+``Lanes`` to run on (``Convolutions``, the CPU backend's ``conv``).
 """
 from __future__ import annotations
 
@@ -106,27 +111,28 @@ def split(name, pass_):
 
 
 def _family(part):
-    """('im2col', chunk or None) / ('direct', None) / ...; ValueError if unknown."""
+    """('im2col', chunk or None, lanes) / ('direct', None, 1) / ...; ValueError if unknown."""
     if part == "im2col":
-        return "im2col", None
+        return "im2col", None, 1
     if part.startswith("im2col_chunk"):
-        k = part[len("im2col_chunk"):]
-        if k.isdigit() and int(k) >= 1:
-            return "im2col", int(k)
+        k, _, p = part[len("im2col_chunk"):].partition("x")
+        if k.isdigit() and int(k) >= 1 and (not p or p.isdigit() and int(p) >= 2):
+            return "im2col", int(k), int(p or 1)
     if part in ("direct", "gemm1x1", "winograd"):
-        return part, None
+        return part, None, 1
     raise ValueError(f"unknown convolution algorithm {part!r}")
 
 
 def _check(g: Geom, part, role):
-    fam, k = _family(part)
+    """(family, chunk size, lanes) of a part that applies to this layer and role."""
+    fam, k, p = _family(part)
     ok = {"im2col": True, "direct": g.direct, "gemm1x1": g.is_1x1,
           "winograd": g.is_winograd if role == "forward" else g.winograd_data and role == "data"}[fam]
     if not ok:
         raise ValueError(f"convolution algorithm {part!r} does not apply to the {role} pass of this layer "
                          f"(kernel {g.kh}x{g.kw}, stride {g.stride}, padding {g.padding}, "
                          f"dilation {g.dilation}, groups {g.groups})")
-    return fam, (min(k, g.n) if k else g.n)
+    return fam, (min(k, g.n) if k else g.n), p
 
 
 # ------------------------------------------------------------------ workspaces
@@ -152,10 +158,24 @@ def _wino_data(g):
     return [((16, g.c, g.o), g.dtype), ((16, g.o, p), g.dtype), ((16, g.c, p), g.dtype)]
 
 
-def _scratch(g, fam, k, role):
+def _lane_chunks(n, k, p):
+    """Per lane, the (start, end) sample ranges of its chunks: chunk i goes to lane i mod p."""
+    chunks = _chunks(n, k)
+    return [chunks[j::p] for j in range(min(p, len(chunks)))]
+
+
+def _lane_partials(n, k, p):
+    """Filter-sized partial sums of a lanes pass: lanes after the first accumulate into their
+    own, and a lane with several chunks needs one more for each chunk's product."""
+    lanes = _lane_chunks(n, k, p)
+    return len(lanes) - 1 + sum(len(c) > 1 for c in lanes)
+
+
+def _scratch(g, fam, k, p, role):
     """The (shape, dtype) list a part carves from the workspace."""
     if fam == "im2col":
-        return _cols(g, k) + (_partials(g) if role == "filter" and k < g.n else [])
+        lanes = len(_lane_chunks(g.n, k, p))
+        return _cols(g, k) * lanes + (_partials(g) * _lane_partials(g.n, k, p) if role == "filter" else [])
     if fam == "winograd":
         return _wino_fwd(g) if role == "forward" else _wino_data(g)
     if fam == "gemm1x1" and role == "filter" and g.n > 1:
@@ -173,15 +193,31 @@ def workspace(g: Geom, name, pass_) -> int:
     d, f = split(name, pass_)
     if f is None:
         return nbytes_of(_scratch(g, *_check(g, d, "forward"), "forward"))
-    (fd, kd), (ff, kf) = _check(g, d, "data"), _check(g, f, "filter")
-    if fd == ff == "im2col" and kd == kf:     # one pass shares the transposed gradient
-        return nbytes_of(_scratch(g, ff, kf, "filter"))
-    return max(nbytes_of(_scratch(g, fd, kd, "data")), nbytes_of(_scratch(g, ff, kf, "filter")))
+    data, filt = _check(g, d, "data"), _check(g, f, "filter")
+    if data[0] == "im2col" and data == filt:     # one pass shares the transposed gradient
+        return nbytes_of(_scratch(g, *filt, "filter"))
+    return max(nbytes_of(_scratch(g, *data, "data")), nbytes_of(_scratch(g, *filt, "filter")))
 
 
-def names(g: Geom, pass_):
-    """The algorithm names that apply to this layer and pass, the default first."""
-    chunks = [f"im2col_chunk{k}" for k in chunk_sizes(g.n)]
+def default_lanes() -> int:
+    """The lanes the CPU backend runs on: one per thread of its kernels (1 where they are not built)."""
+    try:
+        from .. import _C
+    except ImportError:
+        return 1
+    return _C.get_num_threads()
+
+
+def lane_chunk_sizes(n, p):
+    """Chunk sizes listed for a batch of n on p lanes: one chunk per lane, two, and single samples."""
+    per = -(-n // p)
+    return sorted({k for k in (per, -(-per // 2), 1) if k < n}, reverse=True) if p > 1 else []
+
+
+def names(g: Geom, pass_, lanes=1):
+    """The algorithm names that apply to this layer and pass on ``lanes`` lanes, the default first."""
+    chunks = ([f"im2col_chunk{k}" for k in chunk_sizes(g.n)]
+              + [f"im2col_chunk{k}x{lanes}" for k in lane_chunk_sizes(g.n, lanes)])
     zero = (["direct"] if g.direct else []) + (["gemm1x1"] if g.is_1x1 else [])
     if pass_ == "forward":
         return ["im2col"] + chunks + zero + (["winograd"] if g.is_winograd else [])
@@ -204,8 +240,8 @@ def names(g: Geom, pass_):
 
 
 @functools.lru_cache(maxsize=1024)   # a pure function of the shape; deep networks repeat few shapes
-def algorithms(g: Geom, pass_):
-    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_)) for n in names(g, pass_)]
+def algorithms(g: Geom, pass_, lanes=1):
+    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_)) for n in names(g, pass_, lanes)]
 
 
 # Time relative to the default, for cost models that do not measure: rounded
@@ -216,11 +252,24 @@ _SPEED = {"forward": {"im2col": 1.0, "direct": 1.6, "gemm1x1": 0.8, "winograd": 
           "filter": {"im2col": 1.0, "direct": 3.0, "gemm1x1": 1.0}}
 
 
+def _lane_speed(g, role):
+    """im2col on lanes relative to one multithreaded GEMM: faster on large planes, slower on
+    small ones, where each lane's filter-sized partial sums outweigh the GEMMs."""
+    plane = g.oh * g.ow
+    if plane >= 16 * 16:
+        return 0.75
+    if plane >= 8 * 8:
+        return 1.2 if role == "filter" else 0.9
+    return 1.6 if role == "filter" else 1.1
+
+
 def _part_speed(g, part, role):
-    fam, k = _family(part)
+    fam, k, p = _family(part)
     sp = _SPEED[role][fam]
     if fam == "im2col" and k is not None and k < g.n:
         sp *= 1.0 + 0.1 * (k == 1 and g.n >= 8)   # many small GEMMs
+    if p > 1:
+        sp *= _lane_speed(g, role)
     if fam == "direct" and g.stride != (1, 1):
         sp *= 1.8                                 # strided loads
     if fam == "winograd":                         # the transforms dominate on small planes, few channels
@@ -242,17 +291,39 @@ def _chunks(n, k):
     return [(a, min(a + k, n)) for a in range(0, n, k)]
 
 
-def forward(op, k, x, w, b, y, ws, name):
+def _prefix(a, shape):
+    """The first prod(shape) elements of the contiguous array ``a``, as ``shape``."""
+    return a.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+
+
+def _run_lanes(lanes, p, fn):
+    """fn(0), ..., fn(p - 1): in this thread for one lane, else side by side on ``lanes``."""
+    if p == 1:
+        fn(0)
+    elif lanes is None:
+        raise ValueError(f"a convolution algorithm on {p} lanes needs the CPU backend's lanes "
+                         f"(conv_algos.Convolutions)")
+    else:
+        lanes.run(fn, p)
+
+
+def forward(op, k, x, w, b, y, ws, name, lanes=None):
     g = Geom.of(op, x, w, y)
-    fam, kc = _check(g, name or DEFAULT, "forward")
+    fam, kc, p = _check(g, name or DEFAULT, "forward")
     if fam == "im2col":
-        for a, e in _chunks(g.n, kc):
-            cols, yt = carve(ws, _cols(g, e - a))
-            k.im2col(x[a:e], cols, *g.window)
-            gr = g.groups
-            np.matmul(w.reshape(gr, g.o // gr, -1), cols.reshape(gr, cols.shape[0] // gr, -1),
-                      out=yt.reshape(gr, g.o // gr, -1))
-            k.cn_to_nchw(yt, y[a:e], False)
+        work = _lane_chunks(g.n, kc, p)
+        bufs = carve(ws, _cols(g, kc) * len(work))
+        gr = g.groups
+
+        def lane(j):
+            for a, e in work[j]:
+                (cs, _), (ys, _) = _cols(g, e - a)
+                cols, yt = _prefix(bufs[2 * j], cs), _prefix(bufs[2 * j + 1], ys)
+                k.im2col(x[a:e], cols, *g.window)
+                np.matmul(w.reshape(gr, g.o // gr, -1), cols.reshape(gr, cols.shape[0] // gr, -1),
+                          out=yt.reshape(gr, g.o // gr, -1))
+                k.cn_to_nchw(yt, y[a:e], False)
+        _run_lanes(lanes, len(work), lane)
         if b is not None:
             k.conv2d_add_bias(y, b)
     elif fam == "direct":
@@ -271,18 +342,18 @@ def forward(op, k, x, w, b, y, ws, name):
         k.winograd_output_transform(m, y, b)
 
 
-def backward(op, k, x, w, gy, gx, gw, gb, ws, name):
+def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
     """Overwrite gx, gw, gb (each may be None) with the gradients given gy."""
     g = Geom.of(op, x if x is not None else gx, w, gy)
     d, f = split(name or DEFAULT, "backward")
-    (fd, kd), (ff, kf) = _check(g, d, "data"), _check(g, f, "filter")
+    (fd, kd, pd), (ff, kf, pf) = _check(g, d, "data"), _check(g, f, "filter")
     want_data, want_filter = gx is not None, gw is not None or gb is not None
-    if fd == ff == "im2col" and kd == kf and want_data and want_filter:
-        _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kf)
+    if fd == ff == "im2col" and (kd, pd) == (kf, pf) and want_data and want_filter:
+        _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kf, pf, lanes)
         return
     if want_data:
         if fd == "im2col":
-            _im2col_backward(g, k, None, w, gy, gx, None, None, ws, kd)
+            _im2col_backward(g, k, None, w, gy, gx, None, None, ws, kd, pd, lanes)
         elif fd == "direct":
             k.conv2d_direct_backward_data(gy, w, gx, *g.conv_args)
         elif fd == "gemm1x1":
@@ -298,7 +369,7 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name):
             k.winograd_output_transform(m, gx, None)
     if want_filter:
         if ff == "im2col":
-            _im2col_backward(g, k, x, None, gy, None, gw, gb, ws, kf)
+            _im2col_backward(g, k, x, None, gy, None, gw, gb, ws, kf, pf, lanes)
         elif ff == "direct":
             if gw is not None:
                 k.conv2d_direct_backward_filter(x, gy, gw, *g.conv_args)
@@ -319,28 +390,62 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name):
                 k.conv2d_bias_grad(gy, gb)
 
 
-def _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kc):
-    """im2col backward over chunks of kc samples; computes what is not None."""
+def _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kc, p, lanes):
+    """im2col backward over chunks of kc samples on p lanes; computes what is not None.
+
+    Lane j takes chunks j, j + p, ...; its filter gradient sums its chunks in
+    order (into gw, gb for lane 0, into partials for the others), and the
+    lanes' sums are added to lane 0's in lane order.
+    """
     gr, o = g.groups, g.o
-    parts = None
-    if kc < g.n and (gw is not None or gb is not None):   # after the full-size chunk buffers
-        parts = carve(ws, _cols(g, kc) + _partials(g))[2:]
-    for ci, (a, e) in enumerate(_chunks(g.n, kc)):
-        cols, gyt = carve(ws, _cols(g, e - a))
-        k.nchw_to_cn(gy[a:e], gyt)
-        gyt3 = gyt.reshape(gr, o // gr, -1)
-        if gb is not None:
-            np.sum(gyt, axis=1, out=gb if ci == 0 else parts[1])
-            if ci:
-                gb += parts[1]
+    work = _lane_chunks(g.n, kc, p)
+    want_filter = gw is not None or gb is not None
+    bufs = carve(ws, _cols(g, kc) * len(work) + _partials(g) * (_lane_partials(g.n, kc, p) if want_filter else 0))
+    cols_of, parts = bufs[:2 * len(work)], bufs[2 * len(work):]
+    acc, tmp = [(gw, gb)], []
+    for j, chunks in enumerate(work if want_filter else ()):   # each lane's sum, its scratch for more chunks
+        if j:
+            acc.append((parts.pop(0), parts.pop(0)))
+        tmp.append((parts.pop(0), parts.pop(0)) if len(chunks) > 1 else None)
+
+    def lane(j):
+        for ci, (a, e) in enumerate(work[j]):
+            (cs, _), (ys, _) = _cols(g, e - a)
+            cols, gyt = _prefix(cols_of[2 * j], cs), _prefix(cols_of[2 * j + 1], ys)
+            k.nchw_to_cn(gy[a:e], gyt)
+            gyt3 = gyt.reshape(gr, o // gr, -1)
+            if want_filter:
+                sw, sb = acc[j] if ci == 0 else tmp[j]
+                if gb is not None:
+                    np.sum(gyt, axis=1, out=sb)
+                    if ci:
+                        acc[j][1][...] += sb
+                if gw is not None:
+                    k.im2col(x[a:e], cols, *g.window)
+                    cols3 = cols.reshape(gr, cols.shape[0] // gr, -1)
+                    np.matmul(gyt3, cols3.transpose(0, 2, 1), out=sw.reshape(gr, o // gr, -1))
+                    if ci:
+                        acc[j][0][...] += sw.reshape(acc[j][0].shape)
+            if gx is not None:
+                w3 = w.reshape(gr, o // gr, -1)
+                np.matmul(w3.transpose(0, 2, 1), gyt3, out=cols.reshape(gr, cols.shape[0] // gr, -1))
+                k.col2im(cols, gx[a:e], *g.window)
+    _run_lanes(lanes, len(work), lane)
+    for pw, pb in acc[1:]:
         if gw is not None:
-            k.im2col(x[a:e], cols, *g.window)
-            cols3 = cols.reshape(gr, cols.shape[0] // gr, -1)
-            gw3 = gw.reshape(gr, o // gr, -1)
-            np.matmul(gyt3, cols3.transpose(0, 2, 1), out=gw3 if ci == 0 else parts[0].reshape(gw3.shape))
-            if ci:
-                gw += parts[0].reshape(gw.shape)
-        if gx is not None:
-            w3 = w.reshape(gr, o // gr, -1)
-            np.matmul(w3.transpose(0, 2, 1), gyt3, out=cols.reshape(gr, cols.shape[0] // gr, -1))
-            k.col2im(cols, gx[a:e], *g.window)
+            gw += pw.reshape(gw.shape)
+        if gb is not None:
+            gb += pb
+
+
+class Convolutions:
+    """The CPU backend's convolution algorithms, with the lanes that run their lane variants."""
+
+    def __init__(self, lanes):
+        self.lanes = lanes
+
+    def forward(self, op, k, x, w, b, y, ws, name):
+        forward(op, k, x, w, b, y, ws, name, self.lanes)
+
+    def backward(self, op, k, x, w, gy, gx, gw, gb, ws, name):
+        backward(op, k, x, w, gy, gx, gw, gb, ws, name, self.lanes)

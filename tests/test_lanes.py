@@ -1,0 +1,87 @@
+"""Lanes: the CPU backend's single-threaded workers for batch-parallel convolutions."""
+import threading
+
+import numpy as np
+import pytest
+
+_C = pytest.importorskip("minidnn._C")
+
+from threadpoolctl import threadpool_info  # noqa: E402
+
+from minidnn.backend.lanes import Lanes  # noqa: E402
+from minidnn.graph import Spec  # noqa: E402
+from minidnn.ops import conv_algos  # noqa: E402
+from minidnn.ops.conv import Conv2dOp  # noqa: E402
+
+
+def blas_threads():
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+def test_lanes_run_every_index_once_side_by_side_with_one_blas_thread():
+    lanes, seen, inside = Lanes(_C), [], []
+    before = blas_threads()
+    barrier = threading.Barrier(3, timeout=10)     # three lanes must all be running at once
+
+    def fn(j):
+        inside.append((blas_threads(), _C.get_num_threads()))
+        barrier.wait()
+        seen.append(j)
+    lanes.run(fn, 3)
+    lanes.close()
+    assert sorted(seen) == [0, 1, 2]
+    assert all(b == [1] * len(before) and omp == 1 for b, omp in inside)
+    assert blas_threads() == before
+
+
+def test_a_failing_lane_raises_after_all_lanes_are_done_and_restores_blas():
+    lanes, done = Lanes(_C), []
+    before = blas_threads()
+
+    def fn(j):
+        if j == 0:
+            raise RuntimeError("lane 0 failed")
+        done.append(j)
+    with pytest.raises(RuntimeError, match="lane 0 failed"):
+        lanes.run(fn, 2)
+    lanes.close()
+    assert done == [1] and blas_threads() == before
+
+
+def _conv_case(n=5):
+    rng = np.random.default_rng(0)
+    op = Conv2dOp(stride=1, padding=1)
+    x = rng.standard_normal((n, 4, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    (y,) = op.infer(Spec(x.shape, x.dtype), Spec(w.shape, w.dtype))
+    return op, x, w, np.empty(y.shape, np.float32), conv_algos.Geom.of(op, x, w, y)
+
+
+def test_a_lane_algorithm_is_reproducible_and_needs_lanes():
+    op, x, w, y, g = _conv_case()
+    name = "im2col_chunk2x2"                        # chunks (0,2) (4,5) on lane 0, (2,4) on lane 1
+    ws = np.empty(conv_algos.workspace(g, name, "forward"), np.uint8)
+    conv = conv_algos.Convolutions(Lanes(_C))
+    outs = []
+    for _ in range(2):
+        y[...] = np.nan
+        conv.forward(op, _C, x, w, None, y, ws, name)
+        outs.append(y.copy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    conv_algos.forward(op, _C, x, w, None, y, np.empty(conv_algos.workspace(g, "im2col", "forward"), np.uint8),
+                       "im2col")
+    np.testing.assert_allclose(outs[0], y, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="lanes"):
+        conv_algos.forward(op, _C, x, w, None, y, ws, name)
+
+
+def test_lane_workspace_counts_every_lanes_buffers():
+    op, x, w, y, g = _conv_case(n=5)
+    one = conv_algos.workspace(g, "im2col_chunk2", "forward")
+    assert conv_algos.workspace(g, "im2col_chunk2x2", "forward") == 2 * one
+    assert conv_algos.workspace(g, "im2col_chunk2x3", "forward") == 3 * one
+    assert conv_algos.workspace(g, "im2col_chunk5x2", "forward") == conv_algos.workspace(g, "im2col", "forward")
+    # filter gradient: lane 1's sum, and one product buffer for lane 0 (2 chunks) - lane 1 has one
+    partial = conv_algos.nbytes_of(conv_algos._partials(g))
+    assert conv_algos._lane_partials(5, 2, 2) == 2
+    assert conv_algos.workspace(g, "im2col_chunk2x2", "backward") == 2 * one + 2 * partial
