@@ -151,7 +151,7 @@ def measure(op, in_specs, out_specs, pass_, backend, names=None, repeats=3) -> d
     from .ops import conv_algos
     from .ops.conv import Conv2dOp
 
-    algos = {a.name: a for a in op.algorithms(in_specs, out_specs, pass_)}
+    algos = {a.name: a for a in backend.conv.algorithms(op, in_specs, out_specs, pass_)}
     names = list(algos) if names is None else list(names)
     rng = np.random.default_rng(0)
     ins, outs = _buffers(in_specs, rng), [np.empty(s.shape, s.dtype) for s in out_specs]
@@ -193,7 +193,7 @@ def profile_conv(op, in_specs, out_specs, pass_, backend, repeats=3, cache=None)
     """
     if cache is None:
         cache = AlgoCache()
-    names = [a.name for a in op.algorithms(in_specs, out_specs, pass_)]
+    names = [a.name for a in backend.conv.algorithms(op, in_specs, out_specs, pass_)]
     threads = backend.k.get_num_threads() if hasattr(backend.k, "get_num_threads") else None
     key = cache.key(op, in_specs, out_specs, pass_, backend.name, threads) if cache else None
     hit = cache.get(key) if cache else None

@@ -85,3 +85,21 @@ def test_lane_workspace_counts_every_lanes_buffers():
     partial = conv_algos.nbytes_of(conv_algos._partials(g))
     assert conv_algos._lane_partials(5, 2, 2) == 2
     assert conv_algos.workspace(g, "im2col_chunk2x2", "backward") == 2 * one + 2 * partial
+
+
+def test_cpu_plans_choose_among_lanes_device_profile_plans_do_not():
+    import minidnn
+    from minidnn import nn, optim
+    from minidnn.memory import MemoryConfig, plan_memory
+    if conv_algos.default_lanes() < 2:
+        pytest.skip("the kernels run one thread: no lanes")
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(16 * 32 * 32, 10))
+    net.init_parameters(0)
+    tr = minidnn.compile(net, (8, 3, 32, 32), nn.CrossEntropyLoss(), optim.SGD(lr=0.1))
+    lanes = {s.algo for s in tr.plan.program.steps if s.algo and "x" in s.algo}
+    assert lanes                                     # 32x32 planes: a lane variant is the fastest
+    rng = np.random.default_rng(0)
+    assert np.isfinite(tr.step(rng.standard_normal((8, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 8)))
+    simulated = plan_memory(tr.plan.schedule, MemoryConfig(profile="titanx-12gb"))
+    assert not {s.algo for s in simulated.program.steps if s.algo and "x" in s.algo}

@@ -102,8 +102,10 @@ class CPUBackend:
         return contextlib.nullcontext()
 
     def planning_cost(self, base, profile):
-        """The cost model plans use on this backend: the trainer's own (None: the device profile)."""
-        return base
+        """The cost model plans use on this backend: the trainer's own (None: the device profile),
+        choosing among this backend's convolution algorithms (their lane variants too)."""
+        from ..memory.costmodel import ProfileCost
+        return BackendAlgorithms(base if base is not None else ProfileCost(profile), self.conv)
 
     def profile_algorithms(self, op, in_specs, out_specs, pass_) -> dict:
         """{algorithm: seconds} of a layer's pass, measured here (cached on disk)."""
@@ -123,6 +125,21 @@ class CPUBackend:
 
     def describe(self) -> str:
         return "cpu (NumPy + minidnn._C)"
+
+
+class BackendAlgorithms:
+    """A cost model whose ops choose among the backend's algorithms (``conv.algorithms``)."""
+
+    def __init__(self, cost, conv):
+        self.cost, self._conv = cost, conv
+
+    def algorithms(self, op, in_specs, out_specs, pass_) -> list:
+        return self._conv.algorithms(op, in_specs, out_specs, pass_)
+
+    def __getattr__(self, name):           # the wrapped model's times
+        if name == "cost":
+            raise AttributeError(name)
+        return getattr(self.cost, name)
 
 
 class CopyStream:

@@ -73,8 +73,7 @@ class Conv2dOp(Op):
     def algorithms(self, in_specs, out_specs, pass_) -> list:
         """The algorithms that apply to this layer for ``pass_`` ("forward" or
         "backward"), each with the workspace its step needs; the default first."""
-        return conv_algos.algorithms(conv_algos.Geom.of(self, in_specs[0], in_specs[1], out_specs[0]), pass_,
-                                     conv_algos.default_lanes())
+        return conv_algos.algorithms(conv_algos.Geom.of(self, in_specs[0], in_specs[1], out_specs[0]), pass_)
 
     def forward(self, ctx, ins, outs, ws):
         b = ins[2] if len(ins) > 2 else None

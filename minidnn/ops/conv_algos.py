@@ -23,8 +23,9 @@ name                      forward / backward-data / backward-filter   workspace
 
 Every algorithm writes only its outputs and its workspace, is deterministic
 run to run, and agrees with the others within float32 rounding. The lane
-variants are listed for as many lanes as the kernels have threads; they need a
-``Lanes`` to run on (``Convolutions``, the CPU backend's ``conv``).
+variants are the CPU backend's own (``Convolutions``, its ``conv``, lists them
+for as many lanes as the kernels have threads and runs them on its ``Lanes``);
+``Conv2dOp.algorithms``, what plans for a device profile choose from, has none.
 """
 from __future__ import annotations
 
@@ -443,6 +444,12 @@ class Convolutions:
 
     def __init__(self, lanes):
         self.lanes = lanes
+
+    def algorithms(self, op, in_specs, out_specs, pass_) -> list:
+        """``op``'s algorithms on this backend: a Conv2d's lane variants too."""
+        if op.name != "conv2d":
+            return op.algorithms(in_specs, out_specs, pass_)
+        return algorithms(Geom.of(op, in_specs[0], in_specs[1], out_specs[0]), pass_, default_lanes())
 
     def forward(self, op, k, x, w, b, y, ws, name):
         forward(op, k, x, w, b, y, ws, name, self.lanes)
