@@ -46,20 +46,36 @@ def shapes_only():
             setattr(cls, attr, fn)
 
 
-def training_schedule(net, input_shape):
-    """(graph, schedule) of one SGD-with-momentum step of ``net`` on ``input_shape`` (N, C, H, W).
-
-    Classifiers get a cross-entropy loss; networks with per-pixel outputs
-    (U-Net) a mean-squared error against a target of the output's shape.
-    """
-    from .autograd import build_schedule
+def _loss_for(net, input_shape):
+    """Classifiers get a cross-entropy loss; networks with per-pixel outputs (U-Net) a mean-squared
+    error against a target of the output's shape."""
     from .graph import trace
     from .nn import CrossEntropyLoss, MSELoss
+    return CrossEntropyLoss() if len(trace(net, input_shape).outputs[0].shape) == 2 else MSELoss()
+
+
+def training_schedule(net, input_shape):
+    """(graph, schedule) of one SGD-with-momentum step of ``net`` on ``input_shape`` (N, C, H, W)."""
+    from .autograd import build_schedule
+    from .graph import trace
     from .optim import SGD
-    out = trace(net, input_shape).outputs[0]
-    loss = CrossEntropyLoss() if len(out.shape) == 2 else MSELoss()
-    graph = trace(net, input_shape, loss=loss)
+    graph = trace(net, input_shape, loss=_loss_for(net, input_shape))
     return graph, build_schedule(graph, optimizer=SGD(lr=0.1, momentum=0.9))
+
+
+def sub_batch_schedules(net, input_shape):
+    """b -> (schedule of a sub-batch of b samples adding its gradients, the update alone): the
+    step of :func:`training_schedule` split into sub-batches (see memory.subbatch)."""
+    from .autograd import build_schedule, build_update_schedule
+    from .graph import trace
+    from .optim import SGD
+    loss, opt = _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9)
+
+    def schedules_for(b):
+        graph = trace(net, (b,) + tuple(input_shape[1:]), loss=loss)
+        return (build_schedule(graph, optimizer=opt, accumulate=True, updates=False),
+                build_update_schedule(graph, opt))
+    return schedules_for
 
 
 def _input_shape(name, batch_size, image_size):

@@ -67,7 +67,8 @@ class Trainer:
         # a fractional budget is a fraction of the compiled training step's liveness peak;
         # every other shape (the last partial batch, predict) gets the same bytes
         self.memory = dataclasses.replace(self.memory, budget=budget)
-        self._plans[("train", self.input_shape)] = plan or self._split(self.input_shape)
+        self._plans[("train", self.input_shape)] = (self._faster_split(self.input_shape, plan) if plan
+                                                     else self._split(self.input_shape))
 
     # -- planning -----------------------------------------------------------
     def _schedule(self, shape, training):
@@ -94,12 +95,29 @@ class Trainer:
             try:
                 cost = self.cost if tuple(shape) == self.input_shape and training else None
                 plan = plan_memory(self._schedule(tuple(shape), training), self.memory, self._cost(cost))
+                if training:
+                    plan = self._faster_split(tuple(shape), plan)
             except MemoryBudgetError:
                 if not (training and self.memory.sub_batching and self.optimizer is not None and shape[0] > 1):
                     raise
                 plan = self._split(tuple(shape))
             self._plans[key] = plan
         return plan
+
+    def _faster_split(self, shape, plan):
+        """``plan``, or with ``sub_batching="fastest"`` a split of the step where the simulator predicts
+        it faster than ``plan``'s evictions, and splitting keeps the step's meaning (no BatchNorm in
+        training mode, or exact BatchNorm)."""
+        bn = any(getattr(m, "num_batches_tracked", None) is not None and m.training for m in self.net.modules())
+        if (self.memory.sub_batching != "fastest" or not plan.predicted_overhead or shape[0] < 2
+                or self.optimizer is None or (bn and self.memory.bn != "exact")
+                or self.cost is not None):           # measured times exist for the full batch only
+            return plan
+        try:
+            split = self._split(shape)
+        except MemoryBudgetError:
+            return plan
+        return split if split.predicted_seconds < plan.predicted_seconds else plan
 
     def _split(self, shape):
         def graph_of(b):

@@ -6,7 +6,11 @@ For each network and batch: ideal (no reuse), liveness peak, lower bound, and
 at each budget the plan peak and the predicted step time relative to
 unlimited memory (the simulator's replay of the plan on compute + copy
 streams). Published reference points: vDNN trains VGG-16 at batch 256 (28 GB
-ideal) in 12 GB at -18% speed; moDNN reports +3% at 12 GB. ``--deepest`` also
+ideal) in 12 GB at -18% speed; moDNN reports +3% at 12 GB. For networks
+without BatchNorm, where a split step means the same, a cell also gives the
+fastest split into sub-batches (``MemoryConfig(sub_batching="fastest")``)
+when the simulator predicts it faster than evicting: k x b: peak (overhead
+against the unsplit step with unlimited memory). ``--deepest`` also
 searches the deepest ResNet (batch 16, 224x224) whose plan fits 12 GiB
 (SuperNeurons reports ResNet-2500 on 12 GB). It also times the planner on
 ResNet-1001 (batch 16) and prints VGG-16's memory floor at batch 256 (ideal
@@ -25,7 +29,8 @@ import minidnn
 from minidnn import MemoryBudgetError, models, nn, optim
 from minidnn.memory import MemoryConfig, format_bytes, parse_bytes, plan_memory
 from minidnn.memory.planner import minimum_bytes
-from minidnn.report import shapes_only, training_schedule
+from minidnn.memory.subbatch import plan_sub_batches
+from minidnn.report import shapes_only, sub_batch_schedules, training_schedule
 
 CASES = [("vgg16", 64), ("vgg16", 128), ("vgg16", 256), ("resnet50", 32), ("resnet50", 128), ("resnet50", 256),
          ("resnet101", 64), ("resnet101", 256), ("resnet152", 32), ("resnet152", 256), ("googlenet", 256),
@@ -39,19 +44,29 @@ def gib(n):
 def row(name, batch, profiles, budgets):
     with shapes_only():
         net = models.get(name)
-    _, sched = training_schedule(net, (batch, 3, 224, 224))
+    shape = (batch, 3, 224, 224)
+    _, sched = training_schedule(net, shape)
+    # without BatchNorm a split step means the same (sub_batching="fastest" may take it)
+    split = None if any(isinstance(m, nn.BatchNorm2d) for m in net.modules()) else sub_batch_schedules(net, shape)
     cells = []
     base = None
     for prof in profiles:
         for b in budgets:
+            config = MemoryConfig(budget=b, profile=prof)
             try:
-                plan = plan_memory(sched, MemoryConfig(budget=b, profile=prof))
+                plan = plan_memory(sched, config)
             except MemoryBudgetError as e:
                 cells.append(f"min {gib(e.minimum_bytes)}")
                 continue
             base = plan
             over = plan.predicted_overhead or 0.0
-            cells.append(f"{gib(plan.peak_bytes)} ({over * 100:+.1f}%)")
+            cell = f"{gib(plan.peak_bytes)} ({over * 100:+.1f}%)"
+            if split is not None and over > 0:
+                sub = plan_sub_batches(batch, split, config)
+                if sub.predicted_seconds < plan.predicted_seconds:
+                    cell += (f"; {sub.k}x{sub.sub_batch}: {gib(sub.peak_bytes)} "
+                             f"({(sub.predicted_seconds / plan.baseline.seconds - 1) * 100:+.1f}%)")
+            cells.append(cell)
     if base is None:
         base = plan_memory(sched, MemoryConfig(profile=profiles[0]))
     return (f"| {name} | {batch} | {gib(base.ideal_bytes)} | {gib(base.liveness_peak_bytes)} | "

@@ -22,6 +22,10 @@ NETS = {
     "vgg11": (lambda: models.get("vgg11", num_classes=10, image_size=64, dropout=0.0), (8, 3, 64, 64)),
     # CIFAR ResNet-18's topology (20 BatchNorms, projection shortcuts), narrowed to keep 2 cores quick
     "resnet18": (lambda: models.resnet18_cifar(num_classes=10, widths=(4, 8, 16, 32)), (8, 3, 16, 16)),
+    # activations dominate (no large classifier): evicting them is what a budget costs
+    "convnet": (lambda: nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                                      nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)), (16, 3, 32, 32)),
 }
 
 
@@ -44,12 +48,12 @@ def split_budget(name, dtype=np.float32, device="cpu"):
     return (full + e.value.minimum_bytes) // 2
 
 
-def run(name, budget, steps=3, dtype=np.float32, device="cpu", bn="sub-batch"):
+def run(name, budget, steps=3, dtype=np.float32, device="cpu", bn="sub-batch", sub_batching=True):
     build, shape = NETS[name]
     net = build().init_parameters(0)
     trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
-                          memory=MemoryConfig(budget=budget, poison=True, check=True, bn=bn), dtype=dtype,
-                          device=device)
+                          memory=MemoryConfig(budget=budget, poison=True, check=True, bn=bn,
+                                              sub_batching=sub_batching), dtype=dtype, device=device)
     rng = np.random.default_rng(3)
     losses = [trainer.step(rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0]))
               for _ in range(steps)]
@@ -87,6 +91,28 @@ def test_sub_batching_can_be_turned_off():
     with pytest.raises(mdn.MemoryBudgetError):
         mdn.compile(build(), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01),
                     memory=MemoryConfig(budget=budget, sub_batching=False))
+
+
+def test_fastest_splits_a_step_that_fits_only_where_the_split_is_predicted_faster():
+    """At 40% of its liveness peak a conv net fits by evicting a lot; sub_batching="fastest" splits
+    it because the simulator predicts the split faster, and it still trains like the unsplit run.
+    The default never splits a step that fits; a BatchNorm network is not split."""
+    unlimited, ref_losses, ref = run("convnet", None)
+    budget = unlimited.plan.liveness_peak_bytes * 2 // 5
+    evicting, _, _ = run("convnet", budget, steps=0)
+    assert not isinstance(evicting.plan, SubBatchPlan) and evicting.plan.predicted_overhead > 0
+    trainer, losses, got = run("convnet", budget, sub_batching="fastest")
+    plan = trainer.plan
+    assert isinstance(plan, SubBatchPlan) and plan.predicted_seconds < evicting.plan.predicted_seconds
+    assert trainer.measured_peak_bytes == plan.peak_bytes <= budget
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    bn_live = run("resnet18", None, steps=0)[0].plan.liveness_peak_bytes
+    bn_net, _, _ = run("resnet18", bn_live * 3 // 5, steps=0, sub_batching="fastest")
+    assert not isinstance(bn_net.plan, (SubBatchPlan, StagedPlan)) and bn_net.plan.predicted_overhead > 0
+    with pytest.raises(ValueError, match="sub_batching"):
+        MemoryConfig(sub_batching="sometimes")
 
 
 def state(net):

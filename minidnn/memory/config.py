@@ -46,7 +46,10 @@ class MemoryConfig:
     recomputation never change a result; a different algorithm may change the
     last bits (see ``plan.algorithm_changes``). With ``sub_batching``, a
     training step that cannot fit at its full batch is split into sub-batches
-    whose gradients accumulate (see ``memory.subbatch``). ``bn`` says whose
+    whose gradients accumulate (see ``memory.subbatch``); ``"fastest"`` splits
+    one that fits too, where evicting would cost more time than the split, and
+    where splitting keeps the step's meaning (no BatchNorm in training mode, or
+    ``bn="exact"``): the result then changes by float rounding. ``bn`` says whose
     statistics a training-mode BatchNorm then uses: ``"sub-batch"`` (each
     sub-batch its own, as moDNN does; the default) or ``"exact"`` (the full
     mini-batch's, as the unsplit step: the sub-batches run stage by stage
@@ -59,7 +62,7 @@ class MemoryConfig:
     policy: object = "auto"
     profile: object = "cpu-2core"
     algorithms: str = "auto"
-    sub_batching: bool = True
+    sub_batching: object = True     # True, False or "fastest"
     bn: str = "sub-batch"
     poison: bool = False
     check: bool = False
@@ -67,6 +70,8 @@ class MemoryConfig:
     def __post_init__(self):
         if self.algorithms not in ("auto", "default"):
             raise ValueError(f"algorithms must be 'auto' or 'default', got {self.algorithms!r}")
+        if self.sub_batching not in (True, False, "fastest"):
+            raise ValueError(f"sub_batching must be True, False or 'fastest', got {self.sub_batching!r}")
         if self.bn not in ("sub-batch", "exact"):
             raise ValueError(f"bn (BatchNorm statistics when a mini-batch is split) must be 'sub-batch' or "
                              f"'exact', got {self.bn!r}")
