@@ -31,7 +31,8 @@ try:
 except ImportError:          # Windows: atomic replace only, no lock
     fcntl = None
 
-VERSION = 2   # bump when the algorithms or the timing rule change enough to invalidate old timings
+FLUSH_BYTES = 64 << 20   # written before each timed run: more than a server CPU's last-level cache
+VERSION = 3   # bump when the algorithms or the timing rule change enough to invalidate old timings
 
 
 def default_path() -> str:
@@ -127,10 +128,13 @@ class AlgoCache:
 
 
 # ---------------------------------------------------------------- profiling
-def _best_time(fn, repeats):
-    fn()                                   # warm-up: page faults, BLAS buffers, caches
+def _best_time(fn, repeats, before=None):
+    """The fastest of ``repeats`` runs of ``fn`` after a warm-up, each right after ``before()``."""
+    fn()                                   # warm-up: page faults, BLAS buffers
     ts = []
     for _ in range(max(1, repeats)):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
@@ -156,13 +160,17 @@ def measure(op, in_specs, out_specs, pass_, backend, names=None, repeats=3) -> d
     rng = np.random.default_rng(0)
     ins, outs = _buffers(in_specs, rng), [np.empty(s.shape, s.dtype) for s in out_specs]
     k = backend.k
+    flush = [np.zeros(FLUSH_BYTES // 8, np.float32) for _ in range(2)]
+
+    def as_in_a_network():     # the layer before: an elementwise kernel that streams past the caches
+        k.add_inplace(*flush)
 
     def run(name, gins=None):
         ws = backend.empty(algos[name].workspace)
         ctx = types.SimpleNamespace(k=k, rng=rng, recompute=False, algo=name, xp=np, conv=backend.conv)
         if pass_ == "forward":
-            return _best_time(lambda: op.forward(ctx, ins, outs, ws), repeats)
-        return _best_time(lambda: op.backward(ctx, ins, outs, gouts, gins, ws), repeats)
+            return _best_time(lambda: op.forward(ctx, ins, outs, ws), repeats, as_in_a_network)
+        return _best_time(lambda: op.backward(ctx, ins, outs, gouts, gins, ws), repeats, as_in_a_network)
 
     if pass_ == "forward":
         return {n: run(n) for n in names}
