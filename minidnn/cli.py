@@ -26,6 +26,9 @@ STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on
               "losses, accuracies and final weights of an uninterrupted run.")
 
 
+SUB_BATCHING = {"needed": True, "fastest": "fastest", "off": False}   # --sub-batching -> MemoryConfig
+
+
 def _budget(text):
     """``--budget`` as MemoryConfig takes it: bytes (``1000000``), a fraction (``0.6``) or a string (``12GiB``)."""
     if text is None:
@@ -95,7 +98,8 @@ def cmd_train(args):
                               pad=args.pad)
     test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
-                      device=args.device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn),
+                      device=args.device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn,
+                                                          sub_batching=SUB_BATCHING[args.sub_batching]),
                       seed=args.seed)
     net.init_parameters(args.seed)        # in place, into the trainer's persistent region
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
@@ -274,6 +278,10 @@ def parser():
     t.add_argument("--bn", choices=["sub-batch", "exact"], default="sub-batch",
                    help="when the budget splits a batch into sub-batches, BatchNorm uses each sub-batch's "
                         "statistics (sub-batch) or the full batch's, as unsplit (exact)")
+    t.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
+                   help="split a batch into sub-batches whose gradients add up: only when it cannot fit "
+                        "(needed), also when that is predicted faster than evicting and keeps the step's "
+                        "meaning (fastest), or never (off)")
     t.add_argument("--device", default="cpu", help="cpu | cuda")
     t.add_argument("--out", default="runs/latest", help="folder for the checkpoint and logs (see below)")
     t.add_argument("--metrics", default=None, help="per-epoch metrics JSONL file (default OUT/metrics.jsonl)")

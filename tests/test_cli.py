@@ -292,3 +292,14 @@ def test_info_lists_versions_and_backends(capsys):
     assert rc == 0
     assert "numpy" in out and "python" in out and "cpu backend" in out and "cuda backend" in out
     assert "cuDNN" in out and "torch" in out
+
+
+def test_train_sub_batching_choices_reach_the_memory_config(capsys, tmp_path):
+    """--sub-batching off refuses a budget that only a split meets (naming the minimum); the
+    other choices split and train."""
+    args = [*LENET_ARGS, "--epochs", "1", "--budget", "0.7"]
+    rc, _, err = run(capsys, "train", *args, "--sub-batching", "off", "--out", tmp_path / "off")
+    assert rc != 0 and "minimum feasible" in err
+    for choice in ("needed", "fastest"):
+        rc, out, _ = run(capsys, "train", *args, "--sub-batching", choice, "--out", tmp_path / choice)
+        assert rc == 0 and "sub-batches" in out
