@@ -1,5 +1,6 @@
-"""The planner's shortcuts give what the direct computation gives: the resumable greedy and the
-cached per-program arrays."""
+"""The planner's shortcuts give what the direct computation gives: the resumable greedy, the
+cached per-program arrays, the placements place_program leaves out, the placement's blocks and the
+lowering's per-step touches."""
 from __future__ import annotations
 
 import numpy as np
@@ -85,3 +86,90 @@ def test_kept_chain_inputs_recompute_less_and_change_no_bit():
         for k, v in ref.net.state_dict().items():
             assert np.array_equal(np.asarray(v), np.asarray(t.net.state_dict()[k])), (keep, k)
     assert recomputes[64] < recomputes[0], recomputes
+
+
+def _place_both(program):
+    """place_program as first written: the two regions always, the one pool where they fragment by
+    more than 1% of their arena, the smaller arena (the regions on a tie)."""
+    from minidnn.memory import placement
+    res = program.residencies
+    starts, ends, sizes = program.buffers
+    mobile = {r.tensor for r in res if r.origin != "compute" or r.wait_offload is not None}
+    moving = np.array([r.tensor in mobile for r in res], bool)
+    candidates = []
+    if moving.any():
+        both = np.empty(len(res), np.int64)
+        both[~moving] = placement.place(starts[~moving], ends[~moving], sizes[~moving])
+        base = placement.peak(both[~moving], sizes[~moving])
+        both[moving] = placement.place(starts[moving], ends[moving], sizes[moving], base=base)
+        candidates.append((both, placement.peak(both, sizes), "resident and mobile regions"))
+    live = int(memory_curve(program).max(initial=0))
+    if not candidates or candidates[0][1] - live > candidates[0][1] // 100:
+        single = placement.place(starts, ends, sizes)
+        candidates.append((single, placement.peak(single, sizes), "single pool"))
+    offsets, arena, how = min(candidates, key=lambda c: c[1])
+    return offsets.tolist(), arena, how
+
+
+def test_place_program_skips_only_placements_that_cannot_win(setup):
+    """place_program leaves out the regions where the one pool is below their lower bound (the
+    regions' liveness peaks added up): the same offsets as placing both, on lowered programs and on
+    random ones where either placement wins."""
+    from minidnn.memory.planner import place_program
+    from minidnn.memory.program import Program, Residency
+    sched, cost, touch, options, algos = setup
+    programs = []
+    for policy in (AutoPolicy(), AutoPolicy(offload=False)):
+        choose = policy.chooser(sched, cost, touch, options, algos)
+        for f in (0.9, 0.5, 0.2):
+            ev, chosen = choose(int(f * sched.arena_bytes_no_reuse / 4))
+            if ev is not None:
+                programs.append(lower(sched, ev, touch, chosen))
+    rng = np.random.default_rng(0)
+    for _ in range(300):            # random lifetimes; some buffers of a tensor compute, some prefetched
+        n, steps = int(rng.integers(1, 120)), int(rng.integers(2, 60))
+        starts = rng.integers(0, steps, n)
+        ends = np.minimum(starts + rng.integers(0, rng.choice([3, steps]), n), steps - 1)
+        res = [Residency(int(rng.integers(0, 40)), int(a), int(b), str(rng.choice(["compute", "compute", "prefetch"])))
+               for a, b in zip(starts, ends)]
+        programs.append(Program([None] * steps, [], res, tensor_bytes=64 * rng.integers(1, 50, 40)))
+    for _ in range(300):            # long-lived resident tensors, short-lived mobile ones
+        steps = int(rng.integers(10, 80))
+        firsts = rng.integers(0, steps // 2, int(rng.integers(2, 30)))
+        res = [Residency(t, int(a), steps - 1 - int(a), "compute") for t, a in enumerate(firsts)]
+        for a in rng.integers(0, steps, int(rng.integers(1, 60))):
+            res.append(Residency(len(res), int(a), min(steps - 1, int(a + rng.integers(0, 4))),
+                                 str(rng.choice(["prefetch", "recompute"]))))
+        programs.append(Program([None] * steps, [], res, tensor_bytes=64 * rng.integers(1, 64, len(res))))
+    hows = set()
+    for program in programs:
+        got = place_program(program)
+        assert got == _place_both(program)
+        hows.add(got[2])
+    assert hows == {"single pool", "resident and mobile regions"}
+
+
+def test_place_matches_the_rule_across_many_blocks():
+    """The placement keeps the placed buffers in blocks of up to 63 and skips the blocks alive only
+    outside the buffer it places: with hundreds of buffers (many blocks, many splits) it still
+    follows the rule exactly."""
+    from test_dag_property import reference_place
+    from minidnn.memory import placement
+    rng = np.random.default_rng(1)
+    for n, steps, longest in ((300, 40, 40), (700, 400, 30), (700, 400, 400)):
+        starts = rng.integers(0, steps, n)
+        ends = starts + rng.integers(0, longest, n)
+        sizes = 64 * rng.integers(1, 9, n)
+        expected = reference_place(starts.tolist(), ends.tolist(), sizes.tolist())
+        assert placement.place(starts, ends, sizes).tolist() == expected
+
+
+def test_lowering_reads_the_touches_or_a_plain_dict_alike(setup):
+    """lower() reads what each step touches from touches()'s result, or works it out from a plain
+    dict of the same touches: the same program."""
+    sched, cost, touch, options, algos = setup
+    ev = AutoPolicy().evictions(sched, 0.3 * sched.arena_bytes_no_reuse / 4, cost, touch)
+    a, b = lower(sched, ev, touch, algos), lower(sched, ev, dict(touch), algos)
+    assert [(r.tensor, r.start, r.end, r.origin) for r in a.residencies] == \
+        [(r.tensor, r.start, r.end, r.origin) for r in b.residencies]
+    assert [(s.kind, s.label, s.algo, s.ws) for s in a.steps] == [(s.kind, s.label, s.algo, s.ws) for s in b.steps]

@@ -64,13 +64,15 @@ class CachedCost:
 
     def __init__(self, cost):
         self.cost = cost
-        self._seconds = {}
+        self._seconds = {}     # algorithm -> step index -> seconds (no key tuple per step: fewer objects)
 
     def step_seconds(self, schedule, step, algo=None) -> float:
-        key = (step.index, algo)
-        t = self._seconds.get(key)
+        by_step = self._seconds.get(algo)
+        if by_step is None:
+            by_step = self._seconds[algo] = {}
+        t = by_step.get(step.index)
         if t is None:
-            t = self._seconds[key] = self.cost.step_seconds(schedule, step, algo)
+            t = by_step[step.index] = self.cost.step_seconds(schedule, step, algo)
         return t
 
     def transfer_seconds(self, nbytes) -> float:

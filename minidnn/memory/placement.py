@@ -23,3 +23,14 @@ def place(starts, ends, sizes, base: int = 0) -> np.ndarray:
 def peak(offsets, sizes) -> int:
     """The arena bytes the placement needs: the highest end offset."""
     return int(np.max(np.asarray(offsets) + np.asarray(sizes), initial=0))
+
+
+def live_peak(starts, ends, sizes) -> int:
+    """The most bytes alive at any one step: no placement of these buffers needs a smaller arena."""
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    if not len(starts):
+        return 0
+    diff = np.zeros(int(ends.max()) + 2, np.int64)
+    np.add.at(diff, starts, sizes)
+    np.subtract.at(diff, ends + 1, sizes)
+    return int(np.cumsum(diff).max())

@@ -8,6 +8,8 @@ swap/recompute hybrid in this file's :class:`AutoPolicy`.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import MemoryBudgetError
@@ -24,7 +26,11 @@ def place_program(program):
     """Offsets for every residency: resident and mobile (offloaded, prefetched, recomputed) tensors
     in separate regions, so the short-lived mobile buffers do not fragment the long-lived ones;
     where that still fragments by more than 1% of the arena, one pool is tried too and the smaller
-    arena wins.
+    arena wins (the regions on a tie).
+
+    The regions' arena holds the two regions' liveness peaks one above the other: where that sum
+    already fragments by more than 1%, the pool is placed first, and where the pool's arena is
+    below the sum, the regions cannot win and are not placed.
 
     Returns (offsets by residency index, arena bytes, placement name).
     """
@@ -33,32 +39,43 @@ def place_program(program):
     moving = np.fromiter((r.origin != "compute" or r.wait_offload is not None for r in res), bool, len(res))
     moving = np.isin(np.fromiter((r.tensor for r in res), np.int64, len(res)),
                      np.fromiter((r.tensor for r, m in zip(res, moving) if m), np.int64))
-    candidates = []
+    live = int(memory_curve(program).max(initial=0))
+
+    def fragments(arena):           # once true of an arena, true of every larger one
+        return arena - live > arena // 100
+
+    def single_pool():
+        offsets = placement.place(starts, ends, sizes)
+        return offsets, placement.peak(offsets, sizes), "single pool"
+
+    single = regions = None
     if moving.any():
         fixed = ~moving
-        both = np.empty(len(res), np.int64)
-        both[fixed] = placement.place(starts[fixed], ends[fixed], sizes[fixed])
-        base = placement.peak(both[fixed], sizes[fixed])
-        both[moving] = placement.place(starts[moving], ends[moving], sizes[moving], base=base)
-        candidates.append((both, placement.peak(both, sizes), "resident and mobile regions"))
-    live = int(memory_curve(program).max(initial=0))
-    if not candidates or candidates[0][1] - live > candidates[0][1] // 100:
-        single = placement.place(starts, ends, sizes)
-        candidates.append((single, placement.peak(single, sizes), "single pool"))
-    offsets, arena, how = min(candidates, key=lambda c: c[1])
+        least = (placement.live_peak(starts[fixed], ends[fixed], sizes[fixed])
+                 + placement.live_peak(starts[moving], ends[moving], sizes[moving]))
+        if fragments(least):
+            single = single_pool()
+        if single is None or single[1] >= least:
+            both = np.empty(len(res), np.int64)
+            both[fixed] = placement.place(starts[fixed], ends[fixed], sizes[fixed])
+            base = placement.peak(both[fixed], sizes[fixed])
+            both[moving] = placement.place(starts[moving], ends[moving], sizes[moving], base=base)
+            regions = (both, placement.peak(both, sizes), "resident and mobile regions")
+    if single is None and (regions is None or fragments(regions[1])):
+        single = single_pool()
+    offsets, arena, how = min((c for c in (regions, single) if c is not None), key=lambda c: c[1])
     return offsets.tolist(), arena, how
 
 
 def algorithm_options(schedule, cost) -> dict:
     """step index -> [(seconds, Algo)] fastest first, for steps whose op offers several algorithms."""
     out = {}
+    lister = getattr(cost, "algorithms", None)   # a backend's cost model may name its own (cuDNN's on CUDA)
     for s in schedule.steps:
         if s.kind not in ("forward", "backward") or s.node is None:
             continue
         n = s.node
         ins, outs = [v.spec for v in n.inputs], [o.spec for o in n.outputs]
-        # a backend's cost model may name its own algorithms (cuDNN's on CUDA)
-        lister = getattr(cost, "algorithms", None)
         algos = lister(n.op, ins, outs, s.kind) if lister else n.op.algorithms(ins, outs, s.kind)
         if len(algos) > 1:
             out[s.index] = sorted(((cost.step_seconds(schedule, s, a), a) for a in algos),
@@ -78,11 +95,12 @@ def lower_bound(schedule, algos=None) -> int:
     """Persistent bytes + the largest working set of any single step: what it touches and the
     workspace of its smallest algorithm (``algos``: step index -> Algo)."""
     algos = algos or {}
+    tensors, nbytes = schedule.tensors, schedule.tensor_bytes.tolist()   # aligned, by tensor id
     best = 0
     for s in schedule.steps:
-        ts = {t for t in s.touched if not schedule.tensors[t].persistent and t != s.ws}
-        ws = algos[s.index].workspace if s.index in algos else (schedule.tensors[s.ws].nbytes if s.ws is not None else 0)
-        best = max(best, sum(aligned(schedule.tensors[t].nbytes) for t in ts) + aligned(ws))
+        ts = {t for t in s.touched if not tensors[t].persistent and t != s.ws}
+        ws = algos[s.index].workspace if s.index in algos else (tensors[s.ws].nbytes if s.ws is not None else 0)
+        best = max(best, sum(map(nbytes.__getitem__, ts)) + aligned(ws))
     return schedule.persistent_bytes + best
 
 
@@ -148,11 +166,12 @@ class _Candidates:
         n = len(steps)
         tensors = schedule.tensors
         keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+        first = np.fromiter((ts[0] for ts in touch.values()), np.int64, len(touch))
+        last = np.fromiter((n - 1 if t in keep else ts[-1] for t, ts in touch.items()), np.int64, len(touch))
+        size = schedule.tensor_bytes[np.fromiter(touch, np.int64, len(touch))]
         diff = np.zeros(n + 1, np.int64)
-        for t, ts in touch.items():
-            size = aligned(tensors[t].nbytes)
-            diff[ts[0]] += size
-            diff[(n - 1 if t in keep else ts[-1]) + 1] -= size
+        np.add.at(diff, first, size)
+        np.subtract.at(diff, last + 1, size)
         self.curve = np.cumsum(diff[:-1])
         for i, a in self.algos.items():           # the chosen algorithms' workspaces, not the defaults'
             st = steps[i]
@@ -162,8 +181,9 @@ class _Candidates:
         rows, off_cost, xfer, rc_cost = [], [], [], []
         # what the two copies take from compute even when the gap hides them
         shared = 0.0 if copies_free else 2 * (1.0 - cost.copy_overlap)
+        cum, sizes = self.cum.tolist(), schedule.tensor_bytes.tolist()   # (faster one by one than arrays)
         for t, ts in touch.items():
-            size = aligned(tensors[t].nbytes)
+            size = sizes[t]
             for g in range(len(ts) - 1):
                 a, b = ts[g], ts[g + 1]
                 if b - a < 2:
@@ -171,13 +191,13 @@ class _Candidates:
                 x = cost.transfer_seconds(tensors[t].nbytes) if allow_offload else np.inf
                 rc = (self._recompute_cost(t, b, producer)
                       if allow_recompute and b > last_forward and t in producer else np.inf)
-                if np.isinf(x) and np.isinf(rc):
+                if math.isinf(x) and math.isinf(rc):
                     continue
                 rows.append((t, g, a, b, size))
                 # the copy stream is shared: even a transfer that its gap could hide may delay
                 # others, so each is charged a quarter of its time (the Capuchin-style bias
                 # towards recomputing cheap layers and swapping expensive ones)
-                off_cost.append(max(0.0, 2 * x - (self.cum[b] - self.cum[a + 1])) + (0.25 + shared) * x)
+                off_cost.append(max(0.0, 2 * x - (cum[b] - cum[a + 1])) + (0.25 + shared) * x)
                 xfer.append(2 * x)
                 rc_cost.append(rc)
         self.rows = rows
@@ -208,11 +228,12 @@ class _Candidates:
             c += self._recompute_cost(u, at, producer, depth + 1)
         return c
 
-    def _costs(self, mask):
-        """(cost, is_offload) of the masked rows, given the copy time already committed."""
-        over = self.copy_used + self.xfer[mask] > self.copy_capacity
-        off = np.where(over, self.xfer[mask], self.off_cost[mask])   # beyond capacity a copy is exposed
-        rc = self.rc_cost[mask]
+    def _costs(self, rows):
+        """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed."""
+        xfer = self.xfer[rows]
+        over = self.copy_used + xfer > self.copy_capacity
+        off = np.where(over, xfer, self.off_cost[rows])   # beyond capacity a copy is exposed
+        rc = self.rc_cost[rows]
         return np.minimum(off, rc), off <= rc
 
     def greedy(self, limit):
@@ -248,11 +269,11 @@ class _Candidates:
         """Take the cheapest way to lower the curve at its peak, step ``s``: an eviction or a smaller
         workspace, applied to the curve. The decision, or None if none is left."""
         curve = self.live
-        mask = (self.A < s) & (self.B > s) & ~self.taken
+        idle = np.flatnonzero((self.A < s) & (self.B > s) & ~self.taken)   # the rows that can lower it
         best = np.inf
-        if mask.any():
-            cost, is_off = self._costs(mask)
-            ratio = (cost + 1e-9) / self.size[mask]
+        if len(idle):
+            cost, is_off = self._costs(idle)
+            ratio = (cost + 1e-9) / self.size[idle]
             j = int(np.argmin(ratio))
             best = ratio[j]
         swap = self._cheaper_algorithm(s)
@@ -261,9 +282,9 @@ class _Candidates:
             self.current[s] = algo
             curve[s] -= freed
             return ("algo", s, algo)
-        if not mask.any():
+        if not len(idle):
             return None
-        k = int(np.flatnonzero(mask)[j])
+        k = int(idle[j])
         self.taken[k] = True
         t, g, a, b, size = self.rows[k]
         if is_off[j]:

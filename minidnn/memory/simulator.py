@@ -10,6 +10,7 @@ memory held after each step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 
@@ -46,12 +47,8 @@ def memory_curve(program) -> np.ndarray:
 
 def step_costs(program, schedule, cost, algos=None) -> list:
     """Compute-stream seconds of each program step (0 for copies), with the chosen algorithms."""
-    algos = algos or {}
-    out = []
-    for i, s in enumerate(program.steps):
-        o = program.origin[i]
-        out.append(cost.step_seconds(schedule, schedule.steps[o], algos.get(o)) if o >= 0 else 0.0)
-    return out
+    algos, steps = algos or {}, schedule.steps
+    return [cost.step_seconds(schedule, steps[o], algos.get(o)) if o >= 0 else 0.0 for o in program.origin]
 
 
 def simulate(program, schedule, cost, costs=None, algos=None) -> Simulation:
@@ -60,23 +57,25 @@ def simulate(program, schedule, cost, costs=None, algos=None) -> Simulation:
     for r in program.residencies:
         if r.wait_offload is not None:
             waits.setdefault(r.end, []).append(r.wait_offload)
+    shared = 1.0 - cost.copy_overlap     # the fraction of a copy's time that compute beside it loses
     t_c = t_x = stall = busy = recompute = compute = 0.0
     ready: dict[int, float] = {}
     done: dict[int, float] = {}
     off_b = pre_b = 0
     starts, ends, streams = [], [], []
     for i, s in enumerate(program.steps):
-        if s.kind in ("offload", "prefetch"):
-            t = s.reads[0] if s.kind == "offload" else s.writes[0]
+        kind = s.kind
+        if kind == "offload" or kind == "prefetch":
+            t = s.reads[0] if kind == "offload" else s.writes[0]
             n = program.tensors[t].nbytes
             d = cost.transfer_seconds(n)
             begin = max(t_c, t_x)
             t_x = begin + d
             busy += d
-            lost = (1.0 - cost.copy_overlap) * d     # compute slowed by a copy sharing its resources
+            lost = shared * d                 # compute slowed by a copy sharing its resources
             t_c += lost
             stall += lost
-            if s.kind == "offload":
+            if kind == "offload":
                 done[i] = t_x
                 off_b += n
             else:
@@ -88,15 +87,17 @@ def simulate(program, schedule, cost, costs=None, algos=None) -> Simulation:
                     stall += done[j] - t_c
                     t_c = done[j]
             continue
-        need = max((ready.get(t, 0.0) for t in s.touched), default=0.0)
+        # the latest arrival of what it touches (ready.get(t, 0.0) each); 0.0 before any prefetch
+        need = max(map(ready.get, s.touched, repeat(0.0)), default=0.0) if ready else 0.0
         if need > t_c:
             stall += need - t_c
             t_c = need
         starts.append(t_c)
-        t_c += costs[i]
-        compute += costs[i]
-        if s.kind == "recompute":
-            recompute += costs[i]
+        c = costs[i]
+        t_c += c
+        compute += c
+        if kind == "recompute":
+            recompute += c
         for j in waits.get(i, ()):
             if done[j] > t_c:
                 stall += done[j] - t_c
