@@ -31,7 +31,7 @@ try:
 except ImportError:          # Windows: atomic replace only, no lock
     fcntl = None
 
-FLUSH_BYTES = 64 << 20   # written before each timed run: more than a server CPU's last-level cache
+FLUSH_BYTES = 64 << 20   # streamed (two float32 halves added) before each timed run: more than a last-level cache
 VERSION = 3   # bump when the algorithms or the timing rule change enough to invalidate old timings
 
 
@@ -160,7 +160,7 @@ def measure(op, in_specs, out_specs, pass_, backend, names=None, repeats=3) -> d
     rng = np.random.default_rng(0)
     ins, outs = _buffers(in_specs, rng), [np.empty(s.shape, s.dtype) for s in out_specs]
     k = backend.k
-    flush = [np.zeros(FLUSH_BYTES // 8, np.float32) for _ in range(2)]
+    flush = [np.zeros(FLUSH_BYTES // 2 // 4, np.float32) for _ in range(2)]
 
     def as_in_a_network():     # the layer before: an elementwise kernel that streams past the caches
         k.add_inplace(*flush)
