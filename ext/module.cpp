@@ -114,7 +114,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("place_buffers", &minidnn::place_buffers, "starts"_a, "ends"_a, "sizes"_a, "base"_a = 0,
           "place_buffers(starts, ends, sizes, base=0) -> offsets\n\n"
           "Arena offsets (>= base) for buffers alive over steps [starts[i], ends[i]] of\n"
-          "sizes[i] bytes (1-D int64 arrays): largest first, each in the smallest gap\n"
+          "sizes[i] bytes (1-D int64 arrays): largest first, each in the lowest gap\n"
           "between overlapping placed buffers that holds it. No two buffers alive at a\n"
           "common step share a byte.");
 

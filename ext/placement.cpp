@@ -1,8 +1,8 @@
-// Static offset assignment for the memory planner: greedy by size, best-fitting gap.
+// Static offset assignment for the memory planner: greedy by size, lowest gap that holds it.
 //
 // The same rule as the planner's reference (minidnn/memory/placement.py):
 // buffers are placed largest first (ties: earlier start, then lower index);
-// each goes into the smallest gap, among the already placed buffers whose
+// each goes into the lowest gap, among the already placed buffers whose
 // lifetimes overlap its own, that holds it, else above the highest of them.
 //
 // Placed buffers are kept in ascending offset order (a buffer placed at the
@@ -11,9 +11,9 @@
 // knowing the span of steps its buffers are alive in: a pass skips a block
 // alive only outside the query's lifetime, which is most blocks (buffers placed
 // near each other tend to live at nearby steps), and an insertion moves only
-// its block's entries. A pass also ends at a gap of exactly the buffer's size:
-// no later gap can be smaller. O(n^2) at worst, like the plain list, but for
-// the ~10^4-10^5 buffers of a deep network's program several times faster.
+// its block's entries. A pass ends at the first gap that holds the buffer.
+// O(n^2) at worst, like the plain list, but for the ~10^4-10^5 buffers of a
+// deep network's program several times faster.
 #include <algorithm>
 #include <limits>
 #include <numeric>
@@ -53,23 +53,19 @@ constexpr size_t kBlock = 32;   // blocks hold kBlock to 2 * kBlock - 1 buffers 
 // Buffers placed so far, in ascending offset order.
 class Placement {
   public:
-    // The offset for a buffer of ``size`` bytes alive over steps [a, b]: the lowest of the smallest
-    // gaps that hold it between placed buffers alive with it, else above the highest of them.
+    // The offset for a buffer of ``size`` bytes alive over steps [a, b]: the lowest gap that holds it
+    // between placed buffers alive with it, else above the highest of them.
     int64_t fit(int64_t a, int64_t b, int64_t size, int64_t base) const {
-        int64_t reach = base, best_gap = -1, best_at = -1;
+        int64_t reach = base;
         for (const Block& block : blocks_) {
             if (block.first > b || block.last < a) continue;   // none of them alive with it
             for (const Placed& p : block.items) {
                 if (p.start > b || p.end < a) continue;
-                const int64_t gap = p.offset - reach;
-                if (gap >= size && (best_gap < 0 || gap < best_gap)) {
-                    best_gap = gap, best_at = reach;
-                    if (gap == size) return best_at;           // nothing later can fit more tightly
-                }
+                if (p.offset - reach >= size) return reach;
                 reach = std::max(reach, p.top);
             }
         }
-        return best_gap >= 0 ? best_at : reach;
+        return reach;
     }
 
     void insert(const Placed& p) {

@@ -378,17 +378,17 @@ def test_bn_on_network_input():
 
 def reference_place(starts, ends, sizes):
     """The placement rule written plainly: largest first (ties: earlier start, lower index),
-    into the smallest gap between overlapping placed buffers that holds it, else on top."""
+    into the lowest gap between overlapping placed buffers that holds it, else on top."""
     order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], starts[i], i))
     off = {}
     for i in order:
         live = sorted((off[j], off[j] + sizes[j]) for j in off if starts[j] <= ends[i] and starts[i] <= ends[j])
-        reach, best = 0, None
+        reach = 0
         for lo, hi in live:
-            if lo - reach >= sizes[i] and (best is None or lo - reach < best[0]):
-                best = (lo - reach, reach)
+            if lo - reach >= sizes[i]:
+                break
             reach = max(reach, hi)
-        off[i] = best[1] if best else reach
+        off[i] = reach
     return [off[i] for i in range(len(sizes))]
 
 

@@ -1,11 +1,16 @@
-"""Static offset assignment: greedy by size, best-fitting gap (as in TFLite's arena planner).
+"""Static offset assignment: greedy by size, into the lowest gap that holds each buffer.
 
-Buffers are placed largest first; each goes into the smallest gap, among the
-buffers already placed whose lifetimes overlap its own, that holds it. The
-result is a set of offsets in which no two buffers live at the same step
-overlap in memory; the arena size is the largest end offset. The loop runs in
-C++ (``minidnn._C.place_buffers``): a deep network's program has tens of
-thousands of buffers and the planner places several candidate programs.
+Buffers are placed largest first; each goes into the lowest gap, among the
+buffers already placed whose lifetimes overlap its own, that holds it (first
+fit). The result is a set of offsets in which no two buffers live at the same
+step overlap in memory; the arena size is the largest end offset. First fit
+rather than the smallest gap (best fit): the planner's prefetched and held
+buffers nest into the backward's, and best fit left slivers between them, up
+to 9% of the arena on plans that retime their copies, where first fit packs
+them to their liveness peak; over the benchmark's plans it is never worse.
+The loop runs in C++ (``minidnn._C.place_buffers``): a deep network's program
+has tens of thousands of buffers and the planner places several candidate
+programs.
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ swap/recompute hybrid in this file's :class:`AutoPolicy`.
 """
 from __future__ import annotations
 
+import functools
+import gc
 import math
 
 import numpy as np
@@ -105,15 +107,17 @@ def lower_bound(schedule, algos=None) -> int:
 
 
 def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
-              program=None, simulation=None, keep_within=0) -> Plan:
+              program=None, simulation=None, keep_within=0, arena_limit=None) -> Plan:
     """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
-    is that replay already) ``evictions`` with ``algos``; the Plan (not yet checked against a budget)."""
+    is that replay already, or the arena exceeds ``arena_limit``) ``evictions`` with ``algos``; the
+    Plan (not yet checked against a budget)."""
     program = program if program is not None else lower(schedule, evictions, touch, algos, keep_within)
     offsets, arena, how = place_program(program)
     for k, r in enumerate(program.residencies):
         r.offset = offsets[k]
     persistent = schedule.persistent_bytes
-    sim = simulation if simulation is not None or cost is None else simulate(program, schedule, cost, algos=algos)
+    replay = cost is not None and (arena_limit is None or arena <= arena_limit)
+    sim = simulation if simulation is not None or not replay else simulate(program, schedule, cost, algos=algos)
     return Plan(schedule=schedule, program=program, offsets=offsets, persistent_bytes=persistent,
                 arena_bytes=arena, ideal_bytes=persistent + schedule.arena_bytes_no_reuse,
                 liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
@@ -130,7 +134,8 @@ class AutoPolicy:
     the compute inside its gap cannot hide; a recomputation costs its
     producer's forward (and that of any dropped input it needs). Exact
     placement is checked after each round; fragmentation tightens the target.
-    Then prefetches are moved earlier, where the budget allows, to hide them.
+    ``plan_memory`` then times the copies (``_hide_transfers``) and turns
+    recomputations into offloads where the copy stream has room left.
     """
 
     def __init__(self, recompute=True, offload=True, name="auto", copies_free=False):
@@ -315,33 +320,160 @@ class _Candidates:
         return {(r[0], r[1]): Evict("offload" if o else "recompute") for r, o in zip(self.rows, is_off)}
 
 
-def _hide_transfers(plan_fn, schedule, evictions, cost, limit, touch, secs):
-    """Give each offload time to overlap compute: hold its buffer a few compute steps after the
-    copy is issued, and issue its prefetch early enough to arrive in time; keep it if it still fits."""
-    timed = {}
-    for key, ev in evictions.items():
-        if ev.kind != "offload":
-            continue
-        t, g = key
-        a, b = touch[t][g], touch[t][g + 1]
-        need = cost.transfer_seconds(schedule.tensors[t].nbytes)
-        lead, acc = 0, 0.0
-        while acc < need and b - lead - 1 > a + 1:
-            lead += 1
-            acc += secs[b - lead]
-        delay, acc = 0, 0.0
-        while acc < need and a + delay + 1 < b - lead - 1:
-            delay += 1
-            acc += secs[a + delay]
-        timed[key] = Evict("offload", delay=delay, lead=lead)
-    if not timed:
+def _schedule_groups(program, n):
+    """For each program step, the schedule step it belongs to: a compute step its own, a prefetch or a
+    recomputation the step it is inserted before, an offload the step it follows."""
+    group, last, pending = [0] * len(program.steps), 0, []
+    for p, s in enumerate(program.steps):
+        if s.kind == "offload":
+            group[p] = last
+        elif s.kind in ("prefetch", "recompute"):
+            pending.append(p)
+        else:
+            last = group[p] = program.origin[p]
+            for q in pending:
+                group[q] = last
+            pending.clear()
+    for q in pending:
+        group[q] = n - 1
+    return np.array(group, np.int64)
+
+
+def _timeline(plan, schedule):
+    """(start time of each schedule step and the end of the last, as an array of n + 1; the most
+    arena bytes held during each schedule step) of ``plan``, counting what is inserted before a step
+    (prefetches, recomputations) as part of it."""
+    program, n = plan.program, len(schedule.steps)
+    group = _schedule_groups(program, n)
+    secs = np.zeros(n)
+    np.add.at(secs, group, plan.simulation.costs)
+    curve = np.zeros(n, np.int64)
+    np.maximum.at(curve, group, memory_curve(program))
+    return np.concatenate([[0.0], np.cumsum(secs)]), curve
+
+
+def _offload_recomputations(plan_fn, plan, schedule, cost, limit, touch):
+    """``plan`` with the recomputations that cost the most per byte turned into offloads, as many
+    as the copy stream can carry during the forward beside the plan's own offloads; or None where
+    that plan does not fit ``limit``.
+
+    The policy charges copies a bias, because the copy stream is shared; once the plan's transfers
+    are timed, what is left of the stream is known: a queue released over the forward steps fits
+    by its end if, for every step, the copies released from it on fit in the time left."""
+    steps = schedule.steps
+    last_forward = max(s.index for s in steps if s.kind == "forward")
+    cum, _ = _timeline(plan, schedule)
+    producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
+    slack = cum[last_forward + 1] - cum[1:last_forward + 2]   # slack[a]: copy time left after step a
+    chosen = []
+    for (t, g), ev in plan.evictions.items():
+        a = touch[t][g]
+        x = cost.transfer_seconds(schedule.tensors[t].nbytes)
+        if ev.kind == "offload":
+            slack[:a + 1] -= x
+        elif a <= last_forward and t in producer:
+            src = producer[t]
+            chosen.append((cost.step_seconds(schedule, src, plan.algos.get(src.index)) / x, (t, g), a, x))
+    trial = dict(plan.evictions)
+    for _, key, a, x in sorted(chosen, reverse=True):
+        if slack[:a + 1].min(initial=math.inf) >= x:
+            slack[:a + 1] -= x
+            trial[key] = Evict("offload")
+    if trial == plan.evictions:
         return None
-    trial = dict(evictions)
-    trial.update(timed)
-    plan = plan_fn(trial)
-    return plan if plan.arena_bytes <= limit else None
+    better = plan_fn(trial)
+    return better if better.arena_bytes <= limit else None
 
 
+def _hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
+    """``plan`` with its transfers retimed to overlap compute, or None where that does not fit.
+
+    The copy stream is a queue: offloads leave as soon as the queue lets them, so each buffer is held
+    until its copy is predicted done (``delay``); prefetches are issued as late as the queue allows
+    them all to arrive in time, working back from the last (``lead``). Where holding a buffer longer
+    or prefetching it earlier would lift the memory of its steps above the budget, it is held or
+    prefetched only as far as the budget allows (the curve of schedule steps, less a headroom for
+    what placement adds). Where the placed plan still exceeds ``limit``, a share of each buffer's
+    extension is bisected for: the largest share tried that fits wins."""
+    offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
+    if not offloads:
+        return None
+    cum, base = _timeline(plan, schedule)
+    rows = [(k, ev, touch[k[0]][k[1]], touch[k[0]][k[1] + 1], cost.transfer_seconds(schedule.tensors[k[0]].nbytes),
+             int(schedule.tensor_bytes[k[0]])) for k, ev in offloads]
+    delay, t_x = {}, 0.0
+    for k, ev, a, b, d, _ in sorted(rows, key=lambda r: r[2]):       # offloads: as soon as the queue is free
+        t_x = max(cum[a + 1], t_x) + d
+        delay[k] = max(ev.delay, min(int(np.searchsorted(cum, t_x)) - (a + 1), b - a - 2))
+    issue, nxt = {}, math.inf
+    for k, ev, a, b, d, _ in sorted(rows, key=lambda r: -r[3]):      # prefetches: as late as the queue allows
+        nxt = min(cum[b], nxt) - d
+        at = int(np.searchsorted(cum, nxt, side="right")) - 1
+        issue[k] = min(max(a + 1, b - ev.lead), max(at, a + delay[k] + 2))
+    # the plan's fragmentation headroom, and 1% of the limit for what placing the longer-held buffers adds
+    room = limit - (plan.arena_bytes - int(base.max(initial=0))) - limit // 100
+    share, lo_share, hi_share, found = 1.0, 0.0, 1.0, None
+    for _ in range(tries):
+        curve, timed = base.copy(), {}
+        for k, ev, a, b, d, size in sorted(rows, key=lambda r: -r[3]):
+            lo = max(a + 1, b - ev.lead)                             # already held from here on
+            first = lo - math.ceil(share * (lo - issue[k]))
+            full = np.flatnonzero(curve[first:lo] > room - size)      # steps it cannot be added to
+            i = first + int(full[-1]) + 1 if len(full) else first
+            curve[i:lo] += size
+            timed[k] = b - i
+        for k, ev, a, b, d, size in sorted(rows, key=lambda r: r[2]):
+            most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
+            full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > room - size)
+            hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
+            curve[a + ev.delay + 1:a + hold + 1] += size
+            timed[k] = Evict("offload", delay=hold, lead=timed[k])
+        trial = dict(plan.evictions)
+        trial.update(timed)
+        if trial == plan.evictions:
+            break
+        better = plan_fn(trial)
+        if better.arena_bytes <= limit:
+            found, lo_share = better, share
+            if share == hi_share:
+                break
+        else:
+            hi_share = share
+        share = (lo_share + hi_share) / 2
+    return found
+
+
+def _timed(plan, schedule, cost, limit, touch, build, convert):
+    """The fastest of ``plan``, ``plan`` with its transfers retimed, and (``convert``: for a policy
+    free to choose between the two) that with recomputations offloaded where the copy stream has
+    room for them, retimed too."""
+    def plan_fn(ev):          # a plan that does not fit is not replayed
+        return build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=limit)
+
+    timed = _hide_transfers(plan_fn, plan, schedule, cost, limit, touch)
+    more = _offload_recomputations(plan_fn, timed or plan, schedule, cost, limit, touch) if convert else None
+    more_timed = _hide_transfers(plan_fn, more, schedule, cost, limit, touch) if more is not None else None
+    return min((p for p in (plan, timed, more, more_timed) if p is not None), key=lambda p: p.simulation.seconds)
+
+
+def _collector_paused(fn):
+    """Run ``fn`` with Python's cyclic garbage collector paused, and restore it after. Planning
+    builds some 10^5 objects that all stay alive until it returns (steps, residencies, candidate
+    rows); the collector's full passes over them find nothing to free and took a third of a
+    deep network's planning time. Reference counting still frees everything as usual."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+    return paused
+
+
+@_collector_paused
 def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     """The plan for ``schedule`` under ``config``: its budget, policy and device profile.
 
@@ -370,27 +502,28 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
             return base
     policy = config.policy_object()
     limit = budget - schedule.persistent_bytes
-    secs = [cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps]
 
-    def build(ev, algos, program=None, simulation=None, keep_within=0):
+    def build(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None):
         p = make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
-                      keep_within)
+                      keep_within, arena_limit)
         p.liveness_peak_bytes, p.lower_bound_bytes = liveness, least_bytes
         p.baseline_algos = quick
         return p
 
-    best = None
+    best = beat = None                   # the fastest plan, and the fastest before its transfers were retimed
     for variant in policy_variants(policy, cost):
-        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick,
-                    beat=best.simulation.seconds if best is not None else None)
+        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick, beat=beat)
         if plan is not None and _rechains(plan):
             plan = _keep_chains(variant, schedule, limit, cost, touch, build, options, quick, plan)
-        if plan is not None and (best is None or plan.simulation.seconds < best.simulation.seconds):
+        if plan is None:
+            continue
+        beat = min(beat or math.inf, plan.simulation.seconds)
+        hybrid = isinstance(variant, AutoPolicy) and variant.offload and variant.recompute
+        plan = _timed(plan, schedule, cost, limit, touch, build, convert=hybrid)
+        if best is None or plan.simulation.seconds < best.simulation.seconds:
             best = plan
     if best is not None:
-        better = _hide_transfers(lambda ev: build(ev, best.algos, keep_within=best.keep_within), schedule,
-                                 best.evictions, cost, limit, touch, secs)
-        return better if better is not None and better.simulation.seconds < best.simulation.seconds else best
+        return best
     least = minimum_plan(schedule, cost, touch, build, options)
     if least.peak_bytes > budget:   # where evicting fragments more than it frees, evicting nothing needs less
         full = make_plan(schedule, {}, None, "none", touch=touch, algos=quick, program=unlimited)
@@ -506,6 +639,7 @@ def minimum_plan(schedule, cost, touch, build, options):
     return build(_Candidates(schedule, cost, touch, True, True).all(), smallest(options))
 
 
+@_collector_paused
 def minimum_bytes(schedule, config=None, cost=None) -> int:
     """The smallest budget ``plan_memory`` meets for ``schedule`` (what MemoryBudgetError reports)."""
     config = config or MemoryConfig()

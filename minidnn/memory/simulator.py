@@ -29,6 +29,7 @@ class Simulation:
     end: list = field(default_factory=list)
     stream: list = field(default_factory=list)    # "compute" or "copy"
     memory: list = field(default_factory=list)    # arena bytes held during each step
+    costs: list = field(default_factory=list)     # compute seconds of each step (0 for copies)
 
     @property
     def overlap(self) -> float:
@@ -104,4 +105,4 @@ def simulate(program, schedule, cost, costs=None, algos=None) -> Simulation:
                 t_c = done[j]
         ends.append(t_c), streams.append("compute")
     return Simulation(max(t_c, t_x), compute, recompute, busy, stall, off_b, pre_b, starts, ends, streams,
-                      memory_curve(program).tolist())
+                      memory_curve(program).tolist(), costs)

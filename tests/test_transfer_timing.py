@@ -1,0 +1,111 @@
+"""When the planner's copies run: offloads held until their copy is predicted done, prefetches issued
+as late as the copy queue allows and as early as the budget allows, recomputations turned into
+offloads only as far as the copy stream can carry them during the forward; and planning leaves
+Python's garbage collector as it found it.
+
+Checked on planned schedules (CIFAR ResNet-20 and ResNet-50 at 224x224, shapes only)."""
+import gc
+
+import numpy as np
+import pytest
+
+from minidnn import models
+from minidnn.errors import MemoryBudgetError
+from minidnn.memory import MemoryConfig, plan_memory
+from minidnn.memory.costmodel import CachedCost, ProfileCost
+from minidnn.memory.planner import _hide_transfers, _offload_recomputations, _timeline, make_plan
+from minidnn.memory.program import Evict, touches
+from minidnn.report import shapes_only, training_schedule
+
+
+def schedule_of(name, shape):
+    with shapes_only():
+        net = models.get(name)
+    return training_schedule(net, shape)[1]
+
+
+@pytest.fixture(scope="module")
+def resnet20():
+    return schedule_of("resnet20", (64, 3, 32, 32))
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+    return schedule_of("resnet50", (256, 3, 224, 224))
+
+
+def untimed(plan):
+    """``plan``'s evictions with every copy issued just in time (no delay, no lead)."""
+    return {k: Evict(ev.kind) for k, ev in plan.evictions.items()}
+
+
+def rebuild(schedule, plan, cost, evictions):
+    return make_plan(schedule, evictions, cost, plan.policy, plan.budget, plan.baseline, touches(schedule),
+                     plan.algos, keep_within=plan.keep_within)
+
+
+@pytest.mark.parametrize("net, shape, budget", [("resnet20", (64, 3, 32, 32), 0.8),
+                                                ("resnet50", (256, 3, 224, 224), "12GiB")])
+def test_retimed_transfers_fit_and_are_faster_than_just_in_time(net, shape, budget):
+    schedule = schedule_of(net, shape)
+    cost = CachedCost(ProfileCost("titanx-12gb"))
+    plan = plan_memory(schedule, MemoryConfig(budget=budget, profile="titanx-12gb", policy="swap"))
+    limit = plan.budget - plan.persistent_bytes
+    late = rebuild(schedule, plan, cost, untimed(plan))
+    assert late.arena_bytes <= limit and late.simulation.stall_seconds > 0
+    timed = _hide_transfers(lambda ev: rebuild(schedule, plan, cost, ev), late, schedule, cost, limit,
+                            touches(schedule))
+    assert timed is not None and timed.arena_bytes <= limit
+    assert timed.simulation.seconds < late.simulation.seconds
+    assert timed.simulation.stall_seconds < late.simulation.stall_seconds
+    assert any(ev.lead > 0 or ev.delay > 0 for ev in timed.evictions.values())
+    # the planner keeps the fastest plan it finds: never slower than the retimed one
+    assert plan.simulation.seconds <= timed.simulation.seconds + 1e-12
+
+
+def test_prefetches_come_early_where_memory_is_free(resnet20):
+    """With room to spare (90% of the liveness peak), swapping hides all its copies."""
+    plan = plan_memory(resnet20, MemoryConfig(budget=0.9, profile="titanx-12gb", policy="swap"))
+    assert plan.simulation.prefetch_bytes > 0
+    assert any(ev.lead > 0 for ev in plan.evictions.values())
+    assert plan.simulation.stall_seconds == pytest.approx(0, abs=1e-9)
+
+
+def test_offloaded_recomputations_fit_in_the_forward_copy_stream(resnet50):
+    """Every recomputable eviction of a 12 GiB plan made a recomputation, then turned back into
+    offloads by what the forward's copy stream can carry: some are, not all, and the offloads
+    released from each forward step on fit in the forward time left after it."""
+    cost = CachedCost(ProfileCost("titanx-12gb"))
+    plan = plan_memory(resnet50, MemoryConfig(budget="12GiB", profile="titanx-12gb"))
+    touch = touches(resnet50)
+    steps = resnet50.steps
+    last_forward = max(s.index for s in steps if s.kind == "forward")
+    produced = {t for s in steps if s.kind == "forward" and s.node.op.recomputable for t in s.outs}
+    evictions = {k: Evict("recompute") if k[0] in produced and touch[k[0]][k[1] + 1] > last_forward else Evict(ev.kind)
+                 for k, ev in plan.evictions.items()}
+    late = rebuild(resnet50, plan, cost, evictions)
+    limit = plan.liveness_peak_bytes          # room enough: what is checked here is the copy stream
+    more = _offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch)
+    assert more is not None
+    turned = [k for k, ev in more.evictions.items() if ev.kind == "offload" and late.evictions[k].kind == "recompute"]
+    assert turned and len(turned) < sum(ev.kind == "recompute" for ev in late.evictions.values())
+    cum, _ = _timeline(late, resnet50)
+    released = sorted((touch[t][g], cost.transfer_seconds(resnet50.tensors[t].nbytes))
+                      for (t, g), ev in more.evictions.items() if ev.kind == "offload")
+    work = np.cumsum([x for _, x in released][::-1])[::-1]          # work released at or after each
+    for (a, _), w in zip(released, work):
+        assert a <= last_forward and w <= cum[last_forward + 1] - cum[a + 1] + 1e-9
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_planning_leaves_the_garbage_collector_as_it_found_it(resnet20, enabled):
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        plan_memory(resnet20, MemoryConfig(budget=0.5, profile="titanx-12gb"))
+        assert gc.isenabled() == enabled
+        with pytest.raises(MemoryBudgetError):
+            plan_memory(resnet20, MemoryConfig(budget=1000, profile="titanx-12gb"))
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
