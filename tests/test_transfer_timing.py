@@ -95,6 +95,11 @@ def test_offloaded_recomputations_fit_in_the_forward_copy_stream(resnet50):
     work = np.cumsum([x for _, x in released][::-1])[::-1]          # work released at or after each
     for (a, _), w in zip(released, work):
         assert a <= last_forward and w <= cum[last_forward + 1] - cum[a + 1] + 1e-9
+    # half the share: the costlier half of the same conversions
+    half = _offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch,
+                                   share=0.5)
+    halved = {k for k, ev in half.evictions.items() if ev.kind == "offload" and late.evictions[k].kind == "recompute"}
+    assert halved < set(turned) and len(halved) == -(-len(turned) // 2)
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -352,10 +352,10 @@ def _timeline(plan, schedule):
     return np.concatenate([[0.0], np.cumsum(secs)]), curve
 
 
-def _offload_recomputations(plan_fn, plan, schedule, cost, limit, touch):
+def _offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0):
     """``plan`` with the recomputations that cost the most per byte turned into offloads, as many
-    as the copy stream can carry during the forward beside the plan's own offloads; or None where
-    that plan does not fit ``limit``.
+    as the copy stream can carry during the forward beside the plan's own offloads (``share``: that
+    fraction of them, the costliest); or None where that plan does not fit ``limit``.
 
     The policy charges copies a bias, because the copy stream is shared; once the plan's transfers
     are timed, what is left of the stream is known: a queue released over the forward steps fits
@@ -374,13 +374,15 @@ def _offload_recomputations(plan_fn, plan, schedule, cost, limit, touch):
         elif a <= last_forward and t in producer:
             src = producer[t]
             chosen.append((cost.step_seconds(schedule, src, plan.algos.get(src.index)) / x, (t, g), a, x))
-    trial = dict(plan.evictions)
+    fitting = []
     for _, key, a, x in sorted(chosen, reverse=True):
         if slack[:a + 1].min(initial=math.inf) >= x:
             slack[:a + 1] -= x
-            trial[key] = Evict("offload")
-    if trial == plan.evictions:
+            fitting.append(key)
+    if not fitting:
         return None
+    trial = dict(plan.evictions)
+    trial.update((key, Evict("offload")) for key in fitting[:math.ceil(share * len(fitting))])
     better = plan_fn(trial)
     return better if better.arena_bytes <= limit else None
 
@@ -450,10 +452,17 @@ def _timed(plan, schedule, cost, limit, touch, build, convert):
     def plan_fn(ev):          # a plan that does not fit is not replayed
         return build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=limit)
 
-    timed = _hide_transfers(plan_fn, plan, schedule, cost, limit, touch)
-    more = _offload_recomputations(plan_fn, timed or plan, schedule, cost, limit, touch) if convert else None
-    more_timed = _hide_transfers(plan_fn, more, schedule, cost, limit, touch) if more is not None else None
-    return min((p for p in (plan, timed, more, more_timed) if p is not None), key=lambda p: p.simulation.seconds)
+    def fastest(*plans):
+        return min((p for p in plans if p is not None), key=lambda p: p.simulation.seconds)
+
+    best = fastest(plan, _hide_transfers(plan_fn, plan, schedule, cost, limit, touch))
+    for share in (1.0, 0.5) if convert else ():   # all the stream can carry; if that is no faster, half
+        more = _offload_recomputations(plan_fn, best, schedule, cost, limit, touch, share)
+        if more is not None:
+            more = fastest(more, _hide_transfers(plan_fn, more, schedule, cost, limit, touch))
+            if more.simulation.seconds < best.simulation.seconds:
+                return more
+    return best
 
 
 def _collector_paused(fn):
