@@ -89,7 +89,7 @@ def test_offloaded_recomputations_fit_in_the_forward_copy_stream(resnet50):
     assert more is not None
     turned = [k for k, ev in more.evictions.items() if ev.kind == "offload" and late.evictions[k].kind == "recompute"]
     assert turned and len(turned) < sum(ev.kind == "recompute" for ev in late.evictions.values())
-    cum, _ = _timeline(late, resnet50)
+    cum = _timeline(late, resnet50)[0]
     released = sorted((touch[t][g], cost.transfer_seconds(resnet50.tensors[t].nbytes))
                       for (t, g), ev in more.evictions.items() if ev.kind == "offload")
     work = np.cumsum([x for _, x in released][::-1])[::-1]          # work released at or after each

@@ -8,9 +8,11 @@ swap/recompute hybrid in this file's :class:`AutoPolicy`.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
 import math
+from collections import defaultdict
 
 import numpy as np
 
@@ -341,15 +343,15 @@ def _schedule_groups(program, n):
 
 def _timeline(plan, schedule):
     """(start time of each schedule step and the end of the last, as an array of n + 1; the most
-    arena bytes held during each schedule step) of ``plan``, counting what is inserted before a step
-    (prefetches, recomputations) as part of it."""
+    arena bytes held during each schedule step; the schedule step of each program step) of ``plan``,
+    counting what is inserted before a step (prefetches, recomputations) as part of it."""
     program, n = plan.program, len(schedule.steps)
     group = _schedule_groups(program, n)
     secs = np.zeros(n)
     np.add.at(secs, group, plan.simulation.costs)
     curve = np.zeros(n, np.int64)
     np.maximum.at(curve, group, memory_curve(program))
-    return np.concatenate([[0.0], np.cumsum(secs)]), curve
+    return np.concatenate([[0.0], np.cumsum(secs)]), curve, group
 
 
 def _offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0):
@@ -362,7 +364,7 @@ def _offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1
     by its end if, for every step, the copies released from it on fit in the time left."""
     steps = schedule.steps
     last_forward = max(s.index for s in steps if s.kind == "forward")
-    cum, _ = _timeline(plan, schedule)
+    cum = _timeline(plan, schedule)[0]
     producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
     slack = cum[last_forward + 1] - cum[1:last_forward + 2]   # slack[a]: copy time left after step a
     chosen = []
@@ -400,31 +402,44 @@ def _hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
     if not offloads:
         return None
-    cum, base = _timeline(plan, schedule)
-    rows = [(k, ev, touch[k[0]][k[1]], touch[k[0]][k[1] + 1], cost.transfer_seconds(schedule.tensors[k[0]].nbytes),
-             int(schedule.tensor_bytes[k[0]])) for k, ev in offloads]
+    cum, base, group = _timeline(plan, schedule)
+    fetched = defaultdict(list)          # tensor -> the schedule steps its prefetches are inserted before
+    for p, st in enumerate(plan.program.steps):
+        if st.kind == "prefetch":
+            fetched[st.writes[0]].append(int(group[p]))
+
+    def needed(t, a, b):                 # the gap's first prefetch: a recomputation may restore it before b
+        at = fetched.get(t, [])
+        i = bisect.bisect_right(at, a)
+        return min(b, at[i]) if i < len(at) else b
+
+    rows = []                            # (key, Evict, a, b, its prefetch's step, the step it is due, seconds, bytes)
+    for k, ev in offloads:
+        a, b = touch[k[0]][k[1]], touch[k[0]][k[1] + 1]
+        lo = max(a + 1, b - ev.lead)
+        rows.append((k, ev, a, b, lo, min(lo, needed(k[0], a, b)),
+                     cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
     delay, t_x = {}, 0.0
-    for k, ev, a, b, d, _ in sorted(rows, key=lambda r: r[2]):       # offloads: as soon as the queue is free
+    for k, ev, a, b, _, _, d, _ in sorted(rows, key=lambda r: r[2]):  # offloads: as soon as the queue is free
         t_x = max(cum[a + 1], t_x) + d
         delay[k] = max(ev.delay, min(int(np.searchsorted(cum, t_x)) - (a + 1), b - a - 2))
     issue, nxt = {}, math.inf
-    for k, ev, a, b, d, _ in sorted(rows, key=lambda r: -r[3]):      # prefetches: as late as the queue allows
-        nxt = min(cum[b], nxt) - d
+    for k, ev, a, b, _, due, d, _ in sorted(rows, key=lambda r: -r[5]):  # prefetches: as late as the queue allows
+        nxt = min(cum[due], nxt) - d
         at = int(np.searchsorted(cum, nxt, side="right")) - 1
-        issue[k] = min(max(a + 1, b - ev.lead), max(at, a + delay[k] + 2))
+        issue[k] = min(due, max(at, a + delay[k] + 2))
     # the plan's fragmentation headroom, and 1% of the limit for what placing the longer-held buffers adds
     room = limit - (plan.arena_bytes - int(base.max(initial=0))) - limit // 100
     share, lo_share, hi_share, found = 1.0, 0.0, 1.0, None
     for _ in range(tries):
         curve, timed = base.copy(), {}
-        for k, ev, a, b, d, size in sorted(rows, key=lambda r: -r[3]):
-            lo = max(a + 1, b - ev.lead)                             # already held from here on
+        for k, ev, a, b, lo, due, d, size in sorted(rows, key=lambda r: -r[5]):
             first = lo - math.ceil(share * (lo - issue[k]))
             full = np.flatnonzero(curve[first:lo] > room - size)      # steps it cannot be added to
             i = first + int(full[-1]) + 1 if len(full) else first
             curve[i:lo] += size
             timed[k] = b - i
-        for k, ev, a, b, d, size in sorted(rows, key=lambda r: r[2]):
+        for k, ev, a, b, _, _, d, size in sorted(rows, key=lambda r: r[2]):
             most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
             full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > room - size)
             hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
@@ -455,13 +470,18 @@ def _timed(plan, schedule, cost, limit, touch, build, convert):
     def fastest(*plans):
         return min((p for p in plans if p is not None), key=lambda p: p.simulation.seconds)
 
-    best = fastest(plan, _hide_transfers(plan_fn, plan, schedule, cost, limit, touch))
-    for share in (1.0, 0.5) if convert else ():   # all the stream can carry; if that is no faster, half
-        more = _offload_recomputations(plan_fn, best, schedule, cost, limit, touch, share)
-        if more is not None:
-            more = fastest(more, _hide_transfers(plan_fn, more, schedule, cost, limit, touch))
-            if more.simulation.seconds < best.simulation.seconds:
-                return more
+    timed = fastest(plan, _hide_transfers(plan_fn, plan, schedule, cost, limit, touch))
+    best = timed
+    for share in (1.0, 0.5) if convert else ():
+        # all the stream can carry; where that still stalls for over 1% of the step (the memory
+        # left could not take the prefetches early), the costlier half of them too
+        more = _offload_recomputations(plan_fn, timed, schedule, cost, limit, touch, share)
+        if more is None:
+            break
+        more = fastest(more, _hide_transfers(plan_fn, more, schedule, cost, limit, touch))
+        best = fastest(best, more)
+        if more.simulation.stall_seconds <= 0.01 * more.simulation.seconds:
+            break
     return best
 
 
