@@ -13,7 +13,8 @@ from minidnn import models
 from minidnn.errors import MemoryBudgetError
 from minidnn.memory import MemoryConfig, plan_memory
 from minidnn.memory.costmodel import CachedCost, ProfileCost
-from minidnn.memory.planner import _hide_transfers, _offload_recomputations, _timeline, make_plan
+from minidnn.memory.planner import make_plan
+from minidnn.memory.transfers import hide_transfers, offload_recomputations, timeline
 from minidnn.memory.program import Evict, touches
 from minidnn.report import shapes_only, training_schedule
 
@@ -53,7 +54,7 @@ def test_retimed_transfers_fit_and_are_faster_than_just_in_time(net, shape, budg
     limit = plan.budget - plan.persistent_bytes
     late = rebuild(schedule, plan, cost, untimed(plan))
     assert late.arena_bytes <= limit and late.simulation.stall_seconds > 0
-    timed = _hide_transfers(lambda ev: rebuild(schedule, plan, cost, ev), late, schedule, cost, limit,
+    timed = hide_transfers(lambda ev: rebuild(schedule, plan, cost, ev), late, schedule, cost, limit,
                             touches(schedule))
     assert timed is not None and timed.arena_bytes <= limit
     assert timed.simulation.seconds < late.simulation.seconds
@@ -85,18 +86,18 @@ def test_offloaded_recomputations_fit_in_the_forward_copy_stream(resnet50):
                  for k, ev in plan.evictions.items()}
     late = rebuild(resnet50, plan, cost, evictions)
     limit = plan.liveness_peak_bytes          # room enough: what is checked here is the copy stream
-    more = _offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch)
+    more = offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch)
     assert more is not None
     turned = [k for k, ev in more.evictions.items() if ev.kind == "offload" and late.evictions[k].kind == "recompute"]
     assert turned and len(turned) < sum(ev.kind == "recompute" for ev in late.evictions.values())
-    cum = _timeline(late, resnet50)[0]
+    cum = timeline(late, resnet50)[0]
     released = sorted((touch[t][g], cost.transfer_seconds(resnet50.tensors[t].nbytes))
                       for (t, g), ev in more.evictions.items() if ev.kind == "offload")
     work = np.cumsum([x for _, x in released][::-1])[::-1]          # work released at or after each
     for (a, _), w in zip(released, work):
         assert a <= last_forward and w <= cum[last_forward + 1] - cum[a + 1] + 1e-9
     # half the share: the costlier half of the same conversions
-    half = _offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch,
+    half = offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch,
                                    share=0.5)
     halved = {k for k, ev in half.evictions.items() if ev.kind == "offload" and late.evictions[k].kind == "recompute"}
     assert halved < set(turned) and len(halved) == -(-len(turned) // 2)

@@ -21,7 +21,7 @@ here evicts gradients (none of the papers does). Where minidnn differs:
 - an offload is issued after the step that last reads the tensor, not while it
   runs; it is held one more step (``delay=1``) so that its copy overlaps the
   next layer, as vDNN's copy of a layer's input overlaps that layer;
-- ``plan_memory`` retimes every policy's offloads (``_hide_transfers``) and
+- ``plan_memory`` retimes every policy's offloads (``transfers.hide_transfers``) and
   keeps the retimed plan when it fits and is faster, so the baselines' copies
   are hidden at least as well as in their papers;
 - sub-batching (moDNN) is the trainer's, for any policy, when ``plan_memory``

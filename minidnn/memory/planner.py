@@ -8,11 +8,9 @@ swap/recompute hybrid in this file's :class:`AutoPolicy`.
 """
 from __future__ import annotations
 
-import bisect
 import functools
 import gc
 import math
-from collections import defaultdict
 
 import numpy as np
 
@@ -24,6 +22,7 @@ from .costmodel import CachedCost, ProfileCost
 from .plan import Plan
 from .program import Evict, lower, touches
 from .simulator import memory_curve, simulate
+from .transfers import timed_transfers
 
 
 def place_program(program):
@@ -136,8 +135,8 @@ class AutoPolicy:
     the compute inside its gap cannot hide; a recomputation costs its
     producer's forward (and that of any dropped input it needs). Exact
     placement is checked after each round; fragmentation tightens the target.
-    ``plan_memory`` then times the copies (``_hide_transfers``) and turns
-    recomputations into offloads where the copy stream has room left.
+    ``plan_memory`` then times the copies and turns recomputations into
+    offloads where the copy stream has room left (transfers.py).
     """
 
     def __init__(self, recompute=True, offload=True, name="auto", copies_free=False):
@@ -322,169 +321,6 @@ class _Candidates:
         return {(r[0], r[1]): Evict("offload" if o else "recompute") for r, o in zip(self.rows, is_off)}
 
 
-def _schedule_groups(program, n):
-    """For each program step, the schedule step it belongs to: a compute step its own, a prefetch or a
-    recomputation the step it is inserted before, an offload the step it follows."""
-    group, last, pending = [0] * len(program.steps), 0, []
-    for p, s in enumerate(program.steps):
-        if s.kind == "offload":
-            group[p] = last
-        elif s.kind in ("prefetch", "recompute"):
-            pending.append(p)
-        else:
-            last = group[p] = program.origin[p]
-            for q in pending:
-                group[q] = last
-            pending.clear()
-    for q in pending:
-        group[q] = n - 1
-    return np.array(group, np.int64)
-
-
-def _timeline(plan, schedule):
-    """(start time of each schedule step and the end of the last, as an array of n + 1; the most
-    arena bytes held during each schedule step; the schedule step of each program step) of ``plan``,
-    counting what is inserted before a step (prefetches, recomputations) as part of it."""
-    program, n = plan.program, len(schedule.steps)
-    group = _schedule_groups(program, n)
-    secs = np.zeros(n)
-    np.add.at(secs, group, plan.simulation.costs)
-    curve = np.zeros(n, np.int64)
-    np.maximum.at(curve, group, memory_curve(program))
-    return np.concatenate([[0.0], np.cumsum(secs)]), curve, group
-
-
-def _offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0):
-    """``plan`` with the recomputations that cost the most per byte turned into offloads, as many
-    as the copy stream can carry during the forward beside the plan's own offloads (``share``: that
-    fraction of them, the costliest); or None where that plan does not fit ``limit``.
-
-    The policy charges copies a bias, because the copy stream is shared; once the plan's transfers
-    are timed, what is left of the stream is known: a queue released over the forward steps fits
-    by its end if, for every step, the copies released from it on fit in the time left."""
-    steps = schedule.steps
-    last_forward = max(s.index for s in steps if s.kind == "forward")
-    cum = _timeline(plan, schedule)[0]
-    producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
-    slack = cum[last_forward + 1] - cum[1:last_forward + 2]   # slack[a]: copy time left after step a
-    chosen = []
-    for (t, g), ev in plan.evictions.items():
-        a = touch[t][g]
-        x = cost.transfer_seconds(schedule.tensors[t].nbytes)
-        if ev.kind == "offload":
-            slack[:a + 1] -= x
-        elif a <= last_forward and t in producer:
-            src = producer[t]
-            chosen.append((cost.step_seconds(schedule, src, plan.algos.get(src.index)) / x, (t, g), a, x))
-    fitting = []
-    for _, key, a, x in sorted(chosen, reverse=True):
-        if slack[:a + 1].min(initial=math.inf) >= x:
-            slack[:a + 1] -= x
-            fitting.append(key)
-    if not fitting:
-        return None
-    trial = dict(plan.evictions)
-    trial.update((key, Evict("offload")) for key in fitting[:math.ceil(share * len(fitting))])
-    better = plan_fn(trial)
-    return better if better.arena_bytes <= limit else None
-
-
-def _hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
-    """``plan`` with its transfers retimed to overlap compute, or None where that does not fit.
-
-    The copy stream is a queue: offloads leave as soon as the queue lets them, so each buffer is held
-    until its copy is predicted done (``delay``); prefetches are issued as late as the queue allows
-    them all to arrive in time, working back from the last (``lead``). Where holding a buffer longer
-    or prefetching it earlier would lift the memory of its steps above the budget, it is held or
-    prefetched only as far as the budget allows (the curve of schedule steps, less a headroom for
-    what placement adds). Where the placed plan still exceeds ``limit``, a share of each buffer's
-    extension is bisected for: the largest share tried that fits wins."""
-    offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
-    if not offloads:
-        return None
-    cum, base, group = _timeline(plan, schedule)
-    fetched = defaultdict(list)          # tensor -> the schedule steps its prefetches are inserted before
-    for p, st in enumerate(plan.program.steps):
-        if st.kind == "prefetch":
-            fetched[st.writes[0]].append(int(group[p]))
-
-    def needed(t, a, b):                 # the gap's first prefetch: a recomputation may restore it before b
-        at = fetched.get(t, [])
-        i = bisect.bisect_right(at, a)
-        return min(b, at[i]) if i < len(at) else b
-
-    rows = []                            # (key, Evict, a, b, its prefetch's step, the step it is due, seconds, bytes)
-    for k, ev in offloads:
-        a, b = touch[k[0]][k[1]], touch[k[0]][k[1] + 1]
-        lo = max(a + 1, b - ev.lead)
-        rows.append((k, ev, a, b, lo, min(lo, needed(k[0], a, b)),
-                     cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
-    delay, t_x = {}, 0.0
-    for k, ev, a, b, _, _, d, _ in sorted(rows, key=lambda r: r[2]):  # offloads: as soon as the queue is free
-        t_x = max(cum[a + 1], t_x) + d
-        delay[k] = max(ev.delay, min(int(np.searchsorted(cum, t_x)) - (a + 1), b - a - 2))
-    issue, nxt = {}, math.inf
-    for k, ev, a, b, _, due, d, _ in sorted(rows, key=lambda r: -r[5]):  # prefetches: as late as the queue allows
-        nxt = min(cum[due], nxt) - d
-        at = int(np.searchsorted(cum, nxt, side="right")) - 1
-        issue[k] = min(due, max(at, a + delay[k] + 2))
-    # the plan's fragmentation headroom, and 1% of the limit for what placing the longer-held buffers adds
-    room = limit - (plan.arena_bytes - int(base.max(initial=0))) - limit // 100
-    share, lo_share, hi_share, found = 1.0, 0.0, 1.0, None
-    for _ in range(tries):
-        curve, timed = base.copy(), {}
-        for k, ev, a, b, lo, due, d, size in sorted(rows, key=lambda r: -r[5]):
-            first = lo - math.ceil(share * (lo - issue[k]))
-            full = np.flatnonzero(curve[first:lo] > room - size)      # steps it cannot be added to
-            i = first + int(full[-1]) + 1 if len(full) else first
-            curve[i:lo] += size
-            timed[k] = b - i
-        for k, ev, a, b, _, _, d, size in sorted(rows, key=lambda r: r[2]):
-            most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
-            full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > room - size)
-            hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
-            curve[a + ev.delay + 1:a + hold + 1] += size
-            timed[k] = Evict("offload", delay=hold, lead=timed[k])
-        trial = dict(plan.evictions)
-        trial.update(timed)
-        if trial == plan.evictions:
-            break
-        better = plan_fn(trial)
-        if better.arena_bytes <= limit:
-            found, lo_share = better, share
-            if share == hi_share:
-                break
-        else:
-            hi_share = share
-        share = (lo_share + hi_share) / 2
-    return found
-
-
-def _timed(plan, schedule, cost, limit, touch, build, convert):
-    """The fastest of ``plan``, ``plan`` with its transfers retimed, and (``convert``: for a policy
-    free to choose between the two) that with recomputations offloaded where the copy stream has
-    room for them, retimed too."""
-    def plan_fn(ev):          # a plan that does not fit is not replayed
-        return build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=limit)
-
-    def fastest(*plans):
-        return min((p for p in plans if p is not None), key=lambda p: p.simulation.seconds)
-
-    timed = fastest(plan, _hide_transfers(plan_fn, plan, schedule, cost, limit, touch))
-    best = timed
-    for share in (1.0, 0.5) if convert else ():
-        # all the stream can carry; where that still stalls for over 1% of the step (the memory
-        # left could not take the prefetches early), the costlier half of them too
-        more = _offload_recomputations(plan_fn, timed, schedule, cost, limit, touch, share)
-        if more is None:
-            break
-        more = fastest(more, _hide_transfers(plan_fn, more, schedule, cost, limit, touch))
-        best = fastest(best, more)
-        if more.simulation.stall_seconds <= 0.01 * more.simulation.seconds:
-            break
-    return best
-
-
 def _collector_paused(fn):
     """Run ``fn`` with Python's cyclic garbage collector paused, and restore it after. Planning
     builds some 10^5 objects that all stay alive until it returns (steps, residencies, candidate
@@ -548,7 +384,7 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
             continue
         beat = min(beat or math.inf, plan.simulation.seconds)
         hybrid = isinstance(variant, AutoPolicy) and variant.offload and variant.recompute
-        plan = _timed(plan, schedule, cost, limit, touch, build, convert=hybrid)
+        plan = timed_transfers(plan, schedule, cost, limit, touch, build, convert=hybrid)
         if best is None or plan.simulation.seconds < best.simulation.seconds:
             best = plan
     if best is not None:
