@@ -16,6 +16,7 @@ import numpy as np
 
 import minidnn as mdn
 from minidnn import models, nn, optim
+from minidnn.memory import Plan
 
 
 def main():
@@ -44,16 +45,19 @@ def main():
             if i:
                 times[b].append(time.perf_counter() - t)
     base = statistics.median(times[None])
-    pred_base = trainers[None].plan.simulation.seconds
     print(f"{args.model} batch {args.batch_size}, median of {args.steps} steps")
     print("| budget | plan peak | measured step | ratio | predicted step | predicted ratio |")
     print("|---|---|---|---|---|---|")
     for b, tr in trainers.items():
         med = statistics.median(times[b])
-        sim = tr.plan.simulation.seconds
+        plan = tr.plan
+        sim = plan.predicted_seconds
+        # predicted ratio: against the same trainer's replay with unlimited memory (its own measured
+        # times; a split plan's against the unlimited trainer's)
+        own = plan.baseline.seconds if isinstance(plan, Plan) and plan.baseline else trainers[None].plan.predicted_seconds
         name = "unlimited" if b is None else f"{b:.0%} of liveness peak"
-        print(f"| {name} | {mdn.memory.format_bytes(tr.plan.peak_bytes)} | {med * 1e3:.0f} ms | {med / base:.3f} | "
-              f"{sim * 1e3:.0f} ms | {sim / pred_base:.3f} |")
+        print(f"| {name} | {mdn.memory.format_bytes(plan.peak_bytes)} | {med * 1e3:.0f} ms | {med / base:.3f} | "
+              f"{sim * 1e3:.0f} ms | {sim / own:.3f} |")
 
 
 if __name__ == "__main__":
