@@ -115,7 +115,7 @@ def test_place_program_skips_only_placements_that_cannot_win(setup):
     """place_program leaves out the regions where the one pool is below their lower bound (the
     regions' liveness peaks added up): the same offsets as placing both, on lowered programs and on
     random ones where either placement wins."""
-    from minidnn.memory.planner import place_program
+    from minidnn.memory.placement import place_program
     from minidnn.memory.program import Program, Residency
     sched, cost, touch, options, algos = setup
     programs = []
@@ -173,3 +173,27 @@ def test_lowering_reads_the_touches_or_a_plain_dict_alike(setup):
     assert [(r.tensor, r.start, r.end, r.origin) for r in a.residencies] == \
         [(r.tensor, r.start, r.end, r.origin) for r in b.residencies]
     assert [(s.kind, s.label, s.algo, s.ws) for s in a.steps] == [(s.kind, s.label, s.algo, s.ws) for s in b.steps]
+
+
+@pytest.mark.parametrize("name", ["resnet50", "resnet101"])
+def test_a_step_recomputes_each_value_once(name):
+    """Chen et al.'s segments span several residual blocks; restoring a value recomputes its chain,
+    and an input that two branches of the chain read stays until both have: no producer runs
+    twice in one step's recomputations (dropping it in between restored it once per join, 2^joins
+    times - ResNet-101's lowering did not finish)."""
+    from minidnn.memory.baselines import CheckpointSqrt
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        net = models.get(name)
+    sched = training_schedule(net, (2, 3, 224, 224))[1]
+    touch = touches(sched)
+    program = lower(sched, CheckpointSqrt().decisions(sched, touch), touch)
+    runs, run = [], []
+    for step, origin in zip(program.steps, program.origin):
+        if step.kind == "recompute":
+            run.append(origin)
+        elif step.kind != "prefetch" and run:
+            runs.append(run)
+            run = []
+    assert runs and sum(map(len, runs)) > len(runs)
+    assert all(len(r) == len(set(r)) for r in runs)

@@ -36,7 +36,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..schedule import aligned
-from .planner import place_program
+from .placement import place_program
 from .program import Evict, lower
 from .simulator import memory_curve
 

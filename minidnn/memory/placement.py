@@ -10,11 +10,14 @@ to 9% of the arena on plans that retime their copies, where first fit packs
 them to their liveness peak; over the benchmark's plans it is never worse.
 The loop runs in C++ (``minidnn._C.place_buffers``): a deep network's program
 has tens of thousands of buffers and the planner places several candidate
-programs.
+programs. ``place_program`` places a lowered program's residencies, in one
+pool or in separate regions for resident and mobile tensors.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .simulator import memory_curve
 
 
 def place(starts, ends, sizes, base: int = 0) -> np.ndarray:
@@ -39,3 +42,48 @@ def live_peak(starts, ends, sizes) -> int:
     np.add.at(diff, starts, sizes)
     np.subtract.at(diff, ends + 1, sizes)
     return int(np.cumsum(diff).max())
+
+
+def place_program(program):
+    """Offsets for every residency: resident and mobile (offloaded, prefetched, recomputed) tensors
+    in separate regions, so the short-lived mobile buffers do not fragment the long-lived ones;
+    where that still fragments by more than 1% of the arena, one pool is tried too and the smaller
+    arena wins (the regions on a tie).
+
+    The regions' arena holds the two regions' liveness peaks one above the other: where that sum
+    already fragments by more than 1%, the pool is placed first, and where the pool's arena is
+    below the sum, the regions cannot win and are not placed.
+
+    Returns (offsets by residency index, arena bytes, placement name).
+    """
+    res = program.residencies
+    starts, ends, sizes = program.buffers
+    moving = np.fromiter((r.origin != "compute" or r.wait_offload is not None for r in res), bool, len(res))
+    moving = np.isin(np.fromiter((r.tensor for r in res), np.int64, len(res)),
+                     np.fromiter((r.tensor for r, m in zip(res, moving) if m), np.int64))
+    live = int(memory_curve(program).max(initial=0))
+
+    def fragments(arena):           # once true of an arena, true of every larger one
+        return arena - live > arena // 100
+
+    def single_pool():
+        offsets = place(starts, ends, sizes)
+        return offsets, peak(offsets, sizes), "single pool"
+
+    single = regions = None
+    if moving.any():
+        fixed = ~moving
+        least = (live_peak(starts[fixed], ends[fixed], sizes[fixed])
+                 + live_peak(starts[moving], ends[moving], sizes[moving]))
+        if fragments(least):
+            single = single_pool()
+        if single is None or single[1] >= least:
+            both = np.empty(len(res), np.int64)
+            both[fixed] = place(starts[fixed], ends[fixed], sizes[fixed])
+            base = peak(both[fixed], sizes[fixed])
+            both[moving] = place(starts[moving], ends[moving], sizes[moving], base=base)
+            regions = (both, peak(both, sizes), "resident and mobile regions")
+    if single is None and (regions is None or fragments(regions[1])):
+        single = single_pool()
+    offsets, arena, how = min((c for c in (regions, single) if c is not None), key=lambda c: c[1])
+    return offsets.tolist(), arena, how

@@ -16,58 +16,13 @@ import numpy as np
 
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
-from . import placement
 from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
+from .placement import place_program
 from .plan import Plan
 from .program import Evict, lower, touches
 from .simulator import memory_curve, simulate
 from .transfers import timed_transfers
-
-
-def place_program(program):
-    """Offsets for every residency: resident and mobile (offloaded, prefetched, recomputed) tensors
-    in separate regions, so the short-lived mobile buffers do not fragment the long-lived ones;
-    where that still fragments by more than 1% of the arena, one pool is tried too and the smaller
-    arena wins (the regions on a tie).
-
-    The regions' arena holds the two regions' liveness peaks one above the other: where that sum
-    already fragments by more than 1%, the pool is placed first, and where the pool's arena is
-    below the sum, the regions cannot win and are not placed.
-
-    Returns (offsets by residency index, arena bytes, placement name).
-    """
-    res = program.residencies
-    starts, ends, sizes = program.buffers
-    moving = np.fromiter((r.origin != "compute" or r.wait_offload is not None for r in res), bool, len(res))
-    moving = np.isin(np.fromiter((r.tensor for r in res), np.int64, len(res)),
-                     np.fromiter((r.tensor for r, m in zip(res, moving) if m), np.int64))
-    live = int(memory_curve(program).max(initial=0))
-
-    def fragments(arena):           # once true of an arena, true of every larger one
-        return arena - live > arena // 100
-
-    def single_pool():
-        offsets = placement.place(starts, ends, sizes)
-        return offsets, placement.peak(offsets, sizes), "single pool"
-
-    single = regions = None
-    if moving.any():
-        fixed = ~moving
-        least = (placement.live_peak(starts[fixed], ends[fixed], sizes[fixed])
-                 + placement.live_peak(starts[moving], ends[moving], sizes[moving]))
-        if fragments(least):
-            single = single_pool()
-        if single is None or single[1] >= least:
-            both = np.empty(len(res), np.int64)
-            both[fixed] = placement.place(starts[fixed], ends[fixed], sizes[fixed])
-            base = placement.peak(both[fixed], sizes[fixed])
-            both[moving] = placement.place(starts[moving], ends[moving], sizes[moving], base=base)
-            regions = (both, placement.peak(both, sizes), "resident and mobile regions")
-    if single is None and (regions is None or fragments(regions[1])):
-        single = single_pool()
-    offsets, arena, how = min((c for c in (regions, single) if c is not None), key=lambda c: c[1])
-    return offsets.tolist(), arena, how
 
 
 def algorithm_options(schedule, cost) -> dict:

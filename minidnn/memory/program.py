@@ -174,18 +174,49 @@ class _Lowering:
         i = self.emit(Step(0, "prefetch", f"prefetch {self.tensors[t].name}", writes=[t], outs=[t]))
         self.open(t, i, "prefetch")
 
-    def restore(self, t, needed, stack=()):
-        """Bring ``t`` back before the current step: from the host, or by recomputing its producer."""
-        if t in self.host_valid:
-            return self.prefetch(t)
-        src = self.producer.get(t)
-        if src is None or not src.node.op.recomputable or t in stack:
-            raise ValueError(f"cannot restore {self.tensors[t].name}: neither on the host nor recomputable")
-        temps = []
-        for u in dict.fromkeys(x for x in src.ins if x is not None):
-            if not self.tensors[u].persistent and u not in self.cur:
-                self.restore(u, needed, stack + (t,))
-                temps.append(u)
+    def restore(self, missing, needed):
+        """Bring the tensors ``missing`` back before the current step: from the host, or by
+        recomputing their producers, and so on back to what is on the device or the host (a chain).
+
+        Each producer runs once, in dependency order; every value restored on the way is dropped
+        again after its last use in the chain, unless :meth:`droppable` says it stays. (Dropping a
+        value that two branches of the chain read after the first would restore it once per
+        residual join: 2^joins times in a segment of residual blocks.)"""
+        order, seen = [], set()
+
+        def visit(t, stack):
+            if t in self.host_valid:
+                order.append(("prefetch", t))
+                seen.add(t)
+                return
+            src = self.producer.get(t)
+            if src is None or not src.node.op.recomputable or t in stack:
+                raise ValueError(f"cannot restore {self.tensors[t].name}: neither on the host nor recomputable")
+            for u in dict.fromkeys(x for x in src.ins if x is not None):
+                if not self.tensors[u].persistent and u not in self.cur and u not in seen:
+                    visit(u, stack + (t,))
+            order.append(("recompute", src))
+            seen.update(src.outs)
+
+        for t in missing:
+            if t not in seen:
+                visit(t, ())
+        last = {}                             # restored value -> the last chain step that reads it
+        for kind, what in order:
+            if kind == "prefetch":
+                self.prefetch(what)
+                continue
+            i = self._recompute(what)
+            for u in what.ins:
+                if u is not None:
+                    last[u] = i
+        for kind, what in order:              # the chain's values nobody needs soon are dropped
+            for u in ([what] if kind == "prefetch" else what.outs):
+                if u in self.cur and self.res[self.cur[u]].origin != "compute" and self.droppable(u, needed):
+                    self.close(u, last.get(u, self.res[self.cur[u]].start))
+
+    def _recompute(self, src) -> int:
+        """Emit a recomputation of schedule step ``src`` (its inputs on the device); its index."""
         algo = self.algos.get(src.index)
         nbytes = algo.workspace if algo is not None else (self.tensors[src.ws].nbytes if src.ws is not None else 0)
         ws = self.workspace(f"recompute {src.label}", nbytes)
@@ -203,14 +234,14 @@ class _Lowering:
                 self.extend(u, i)
             else:
                 self.open(u, i, "recompute")
-        for u in temps:                       # chain temporaries are dropped again after use, unless used soon
-            ts = self.touch[u]
-            k = bisect.bisect_right(ts, self.now)
-            if u not in needed and (k == len(ts) or ts[k] - self.now > self.keep_within):
-                self.close(u, i)
-        for u in src.outs:                    # so are outputs nobody needs now
-            if u != t and u not in needed and self.res[self.cur[u]].origin == "recompute" and u not in stack:
-                self.close(u, i)
+        return i
+
+    def droppable(self, u, needed) -> bool:
+        """Whether a value restored for a chain is dropped after its last use there: unless the
+        current step needs it or its own next use is within ``keep_within`` steps."""
+        ts = self.touch[u]
+        k = bisect.bisect_right(ts, self.now)
+        return u not in needed and (k == len(ts) or ts[k] - self.now > self.keep_within)
 
     # -- the pass -------------------------------------------------------------
     def run(self) -> Program:
@@ -224,10 +255,7 @@ class _Lowering:
                     self.prefetch(t)
             missing = [t for t in touched if t not in cur and t not in s.writes and t != s.ws]
             if missing:
-                needed = set(touched)
-                for t in missing:
-                    if t not in cur:          # (restoring one may have restored another)
-                        self.restore(t, needed)
+                self.restore(missing, set(touched))
             algo = algos.get(now)
             if algo is not None:              # the chosen algorithm brings its own workspace
                 touched = [t for t in touched if t != s.ws]
