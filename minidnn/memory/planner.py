@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
 from .config import MemoryConfig, format_bytes
+from .baselines import CheckpointSqrt
 from .costmodel import CachedCost, ProfileCost
 from .placement import place_program
 from .plan import Plan
@@ -331,17 +332,28 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
         return p
 
     best = beat = None                   # the fastest plan, and the fastest before its transfers were retimed
-    for variant in policy_variants(policy, cost):
-        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick, beat=beat)
+
+    def fitted(variant, convert, prune=True):
+        nonlocal best, beat
+        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick, beat=beat if prune else None)
         if plan is not None and _rechains(plan):
             plan = _keep_chains(variant, schedule, limit, cost, touch, build, options, quick, plan)
         if plan is None:
-            continue
+            return
         beat = min(beat or math.inf, plan.simulation.seconds)
-        hybrid = isinstance(variant, AutoPolicy) and variant.offload and variant.recompute
-        plan = timed_transfers(plan, schedule, cost, limit, touch, build, convert=hybrid)
+        plan = timed_transfers(plan, schedule, cost, limit, touch, build, convert)
         if best is None or plan.simulation.seconds < best.simulation.seconds:
             best = plan
+
+    for variant in policy_variants(policy, cost):
+        fitted(variant, convert=isinstance(variant, AutoPolicy) and variant.offload and variant.recompute)
+    hybrid = isinstance(policy, AutoPolicy) and policy.offload and policy.recompute
+    if hybrid and best is not None and best.simulation.recompute_seconds > 0.1 * baseline.seconds:
+        # where the greedy recomputes a tenth of a step and more (copies hide little: a fast GPU
+        # on a slow link), Chen et al.'s sqrt(n) segments are planned too, their recomputations
+        # offloaded where the copy stream has room (not pruned: their first lowering recomputes
+        # chains again and again, which the horizon search then removes)
+        fitted(CheckpointSqrt(), convert=True, prune=False)
     if best is not None:
         return best
     least = minimum_plan(schedule, cost, touch, build, options)
