@@ -311,8 +311,8 @@ def findings(results, fractions):
             for where, t, ta, fell in pairs:
                 if ta > t * 1.0005:
                     why = WHY["fallback"] if fell else WHY.get(name) or (
-                        f"auto's greedy (per memory peak, by estimated cost per byte; transfers retimed all at "
-                        f"once or not at all) is predicted slower than {RULE.get(name, name)} here")
+                        f"auto's greedy (per memory peak, by estimated cost per byte; then copies timed on the "
+                        f"copy queue as far as memory allows) is predicted slower than {RULE.get(name, name)} here")
                     out.append(f"- {tag}: at {where} {name} x{t:.3f}, auto x{ta:.3f}: {why}")
     targets = []
     for res in results:
@@ -336,8 +336,8 @@ NOTES = """Notes:
 - A named policy that cannot meet a budget gets auto's everything-evicted minimum plan from plan_memory
   (under the policy's name); this table counts it as infeasible for that policy.
 - checkpoint_sqrt and superneurons recompute memory-centrically (the lowering drops a recomputed chain
-  after use, so a segment of k dropped tensors costs up to k(k+1)/2 forwards): their times are above the
-  papers' "one extra forward"; their memory is not above the papers'.
+  after its last use in it, so a segment of k dropped tensors costs up to k(k+1)/2 forwards): their
+  times are above the papers' "one extra forward"; their memory is not above the papers'.
 - plan_memory retimes every policy's offloads when that is faster and fits, so the layer-wise rules are
   measured with transfers at least as well hidden as in vDNN.
 - Sub-batching (moDNN) is the trainer's, for every policy, when plan_memory raises MemoryBudgetError;
