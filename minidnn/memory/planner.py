@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
-from .config import MemoryConfig, format_bytes
 from .baselines import CheckpointSqrt
+from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
 from .placement import place_program
 from .plan import Plan

@@ -116,12 +116,14 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
         lo = max(a + 1, b - ev.lead)
         rows.append((k, ev, a, b, lo, min(lo, needed(k[0], a, b)),
                      cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
+    by_release = sorted(rows, key=lambda r: r[2])                    # the offloads' order on the queue
+    by_due = sorted(rows, key=lambda r: -r[5])                        # the prefetches', last first
     delay, t_x = {}, 0.0
-    for k, ev, a, b, _, _, d, _ in sorted(rows, key=lambda r: r[2]):  # offloads: as soon as the queue is free
+    for k, ev, a, b, _, _, d, _ in by_release:                        # offloads: as soon as the queue is free
         t_x = max(cum[a + 1], t_x) + d
         delay[k] = max(ev.delay, min(int(np.searchsorted(cum, t_x)) - (a + 1), b - a - 2))
     issue, nxt = {}, math.inf
-    for k, ev, a, b, _, due, d, _ in sorted(rows, key=lambda r: -r[5]):  # prefetches: as late as the queue allows
+    for k, ev, a, b, _, due, d, _ in by_due:                          # prefetches: as late as the queue allows
         nxt = min(cum[due], nxt) - d
         at = int(np.searchsorted(cum, nxt, side="right")) - 1
         issue[k] = min(due, max(at, a + delay[k] + 2))
@@ -130,13 +132,13 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     share, lo_share, hi_share, found = 1.0, 0.0, 1.0, None
     for _ in range(tries):
         curve, timed = base.copy(), {}
-        for k, ev, a, b, lo, due, d, size in sorted(rows, key=lambda r: -r[5]):
+        for k, ev, a, b, lo, due, d, size in by_due:
             first = lo - math.ceil(share * (lo - issue[k]))
             full = np.flatnonzero(curve[first:lo] > room - size)      # steps it cannot be added to
             i = first + int(full[-1]) + 1 if len(full) else first
             curve[i:lo] += size
             timed[k] = b - i
-        for k, ev, a, b, _, _, d, size in sorted(rows, key=lambda r: r[2]):
+        for k, ev, a, b, _, _, d, size in by_release:
             most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
             full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > room - size)
             hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
