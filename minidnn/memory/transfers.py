@@ -89,13 +89,21 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
 def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     """``plan`` with its transfers retimed to overlap compute, or None where that does not fit.
 
-    The copy stream is a queue: offloads leave as soon as the queue lets them, so each buffer is held
-    until its copy is predicted done (``delay``); prefetches are issued as late as the queue allows
-    them all to arrive in time, working back from the last (``lead``). Where holding a buffer longer
-    or prefetching it earlier would lift the memory of its steps above the budget, it is held or
-    prefetched only as far as the budget allows (the curve of schedule steps, less a headroom for
-    what placement adds). Where the placed plan still exceeds ``limit``, a share of each buffer's
-    extension is bisected for: the largest share tried that fits wins."""
+    Each buffer is held after its offload until the copy is predicted done (``delay``), and each
+    prefetch is issued early enough to arrive in time (``lead``), by one of two timings:
+
+    - *queued*: the copy stream is a queue; offloads leave as soon as it lets them, and
+      prefetches are issued as late as it allows them all to arrive in time, working back from
+      the last. Holds and leads are long where many copies follow each other;
+    - *own*: each copy as if the stream were free for it alone: shorter holds and leads, so
+      less memory, which is what a tight budget has least of.
+
+    Where holding a buffer longer or prefetching it earlier would lift the memory of its steps
+    above the budget, it is held or prefetched only as far as the budget allows (the curve of
+    schedule steps, less a headroom for what placement adds); where the placed plan still exceeds
+    ``limit``, a share of each buffer's extension is bisected for. The queued timing is tried
+    first; where it does not fit or still stalls for over 1% of the step, the own timing too,
+    and the faster plan wins."""
     offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
     if not offloads:
         return None
@@ -118,45 +126,58 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
                      cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
     by_release = sorted(rows, key=lambda r: r[2])                    # the offloads' order on the queue
     by_due = sorted(rows, key=lambda r: -r[5])                        # the prefetches', last first
-    delay, t_x = {}, 0.0
-    for k, ev, a, b, _, _, d, _ in by_release:                        # offloads: as soon as the queue is free
-        t_x = max(cum[a + 1], t_x) + d
-        delay[k] = max(ev.delay, min(int(np.searchsorted(cum, t_x)) - (a + 1), b - a - 2))
-    issue, nxt = {}, math.inf
-    for k, ev, a, b, _, due, d, _ in by_due:                          # prefetches: as late as the queue allows
-        nxt = min(cum[due], nxt) - d
-        at = int(np.searchsorted(cum, nxt, side="right")) - 1
-        issue[k] = min(due, max(at, a + delay[k] + 2))
     # the plan's fragmentation headroom, and 1% of the limit for what placing the longer-held buffers adds
     room = limit - (plan.arena_bytes - int(base.max(initial=0))) - limit // 100
-    share, lo_share, hi_share, found = 1.0, 0.0, 1.0, None
-    for _ in range(tries):
-        curve, timed = base.copy(), {}
-        for k, ev, a, b, lo, due, d, size in by_due:
-            first = lo - math.ceil(share * (lo - issue[k]))
-            full = np.flatnonzero(curve[first:lo] > room - size)      # steps it cannot be added to
-            i = first + int(full[-1]) + 1 if len(full) else first
-            curve[i:lo] += size
-            timed[k] = b - i
-        for k, ev, a, b, _, _, d, size in by_release:
-            most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
-            full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > room - size)
-            hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
-            curve[a + ev.delay + 1:a + hold + 1] += size
-            timed[k] = Evict("offload", delay=hold, lead=timed[k])
-        trial = dict(plan.evictions)
-        trial.update(timed)
-        if trial == plan.evictions:
-            break
-        better = plan_fn(trial)
-        if better.arena_bytes <= limit:
-            found, lo_share = better, share
-            if share == hi_share:
+
+    def targets(queued):
+        """(hold by offload, the step each prefetch is issued before), unclamped by memory."""
+        delay, t_x = {}, 0.0
+        for k, ev, a, b, _, _, d, _ in by_release:
+            t_x = (max(cum[a + 1], t_x) if queued else cum[a + 1]) + d
+            delay[k] = max(ev.delay, min(int(np.searchsorted(cum, t_x)) - (a + 1), b - a - 2))
+        issue, nxt = {}, math.inf
+        for k, ev, a, b, _, due, d, _ in by_due:
+            nxt = (min(cum[due], nxt) if queued else cum[due]) - d
+            at = int(np.searchsorted(cum, nxt, side="right")) - 1
+            issue[k] = min(due, max(at, a + delay[k] + 2))
+        return delay, issue
+
+    def fitted(delay, issue):
+        """The plan with the largest share of these extensions tried that fits, or None."""
+        share, lo_share, hi_share, found = 1.0, 0.0, 1.0, None
+        for _ in range(tries):
+            curve, timed = base.copy(), {}
+            for k, ev, a, b, lo, due, d, size in by_due:
+                first = lo - math.ceil(share * (lo - issue[k]))
+                full = np.flatnonzero(curve[first:lo] > room - size)      # steps it cannot be added to
+                i = first + int(full[-1]) + 1 if len(full) else first
+                curve[i:lo] += size
+                timed[k] = b - i
+            for k, ev, a, b, _, _, d, size in by_release:
+                most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
+                full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > room - size)
+                hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
+                curve[a + ev.delay + 1:a + hold + 1] += size
+                timed[k] = Evict("offload", delay=hold, lead=timed[k])
+            trial = dict(plan.evictions)
+            trial.update(timed)
+            if trial == plan.evictions:
                 break
-        else:
-            hi_share = share
-        share = (lo_share + hi_share) / 2
-    return found
+            better = plan_fn(trial)
+            if better.arena_bytes <= limit:
+                found, lo_share = better, share
+                if share == hi_share:
+                    break
+            else:
+                hi_share = share
+            share = (lo_share + hi_share) / 2
+        return found
+
+    queued = fitted(*targets(queued=True))
+    if queued is not None and queued.simulation.stall_seconds <= 0.01 * queued.simulation.seconds:
+        return queued
+    own = fitted(*targets(queued=False))
+    return min((p for p in (queued, own) if p is not None), key=lambda p: p.simulation.seconds, default=None)
 
 
 def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
