@@ -11,7 +11,7 @@ from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import ProfileCost
 from minidnn.memory.planner import AutoPolicy, algorithm_options, fastest
-from minidnn.memory.program import lower, touches
+from minidnn.memory.program import Evict, lower, touches
 from minidnn.memory.simulator import memory_curve
 from minidnn.schedule import aligned
 
@@ -197,3 +197,31 @@ def test_a_step_recomputes_each_value_once(name):
             run = []
     assert runs and sum(map(len, runs)) > len(runs)
     assert all(len(r) == len(set(r)) for r in runs)
+
+
+def test_a_chain_deeper_than_pythons_recursion_limit_is_restored():
+    """1500 ReLUs, every output dropped for its backward: restoring the last one recomputes the
+    whole chain back to its first input, one producer after another, without recursing per link
+    (and, kept for their own backward, each once)."""
+    from minidnn import nn as mnn
+
+    class Deep(mnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.fc = mnn.Linear(8, 8), mnn.Linear(8, 4)
+
+        def forward(self, x):
+            x = self.first(x)                  # so that the chain has a backward
+            for _ in range(1500):
+                x = mnn.relu(x)
+            return self.fc(x)
+
+    g = trace(Deep(), (2, 8), loss=nn.CrossEntropyLoss())
+    sched = build_schedule(g, optimizer=optim.SGD(lr=0.1))
+    touch = touches(sched)
+    relus = [t for s in sched.steps if s.kind == "forward" and s.node.op.name == "relu" for t in s.outs]
+    evictions = {(t, len(touch[t]) - 2): Evict("recompute") for t in relus
+                 if len(touch[t]) > 2 and touch[t][-1] - touch[t][-2] >= 2}
+    assert len(evictions) > 1400
+    program = lower(sched, evictions, touch, keep_within=len(sched.steps))   # each link restored once
+    assert len(evictions) <= sum(s.kind == "recompute" for s in program.steps) <= 2 * len(evictions)

@@ -182,25 +182,29 @@ class _Lowering:
         again after its last use in the chain, unless :meth:`droppable` says it stays. (Dropping a
         value that two branches of the chain read after the first would restore it once per
         residual join: 2^joins times in a segment of residual blocks.)"""
-        order, seen = [], set()
-
-        def visit(t, stack):
+        order, seen, path = [], set(), set()
+        todo = [(t, False) for t in reversed(missing)]   # a depth-first walk: chains can be deep
+        while todo:
+            t, inputs_done = todo.pop()
+            if inputs_done:                   # every dropped input is restored: recompute it
+                path.discard(t)
+                src = self.producer[t]
+                order.append(("recompute", src))
+                seen.update(src.outs)
+                continue
+            if t in seen:
+                continue
             if t in self.host_valid:
                 order.append(("prefetch", t))
                 seen.add(t)
-                return
+                continue
             src = self.producer.get(t)
-            if src is None or not src.node.op.recomputable or t in stack:
+            if src is None or not src.node.op.recomputable or t in path:
                 raise ValueError(f"cannot restore {self.tensors[t].name}: neither on the host nor recomputable")
-            for u in dict.fromkeys(x for x in src.ins if x is not None):
-                if not self.tensors[u].persistent and u not in self.cur and u not in seen:
-                    visit(u, stack + (t,))
-            order.append(("recompute", src))
-            seen.update(src.outs)
-
-        for t in missing:
-            if t not in seen:
-                visit(t, ())
+            path.add(t)
+            todo.append((t, True))
+            todo.extend((u, False) for u in reversed(list(dict.fromkeys(x for x in src.ins if x is not None)))
+                        if not self.tensors[u].persistent and u not in self.cur and u not in seen)
         last = {}                             # restored value -> the last chain step that reads it
         for kind, what in order:
             if kind == "prefetch":
