@@ -99,6 +99,11 @@ class AutoPolicy:
         self.recompute, self.offload, self.name = recompute, offload, name
         self.copies_free = copies_free      # rank offloads as if copies took nothing from compute
 
+    @property
+    def hybrid(self) -> bool:
+        """Free to choose between offloading and recomputing."""
+        return self.offload and self.recompute
+
     def evictions(self, schedule, limit, cost, touch):
         return self.choose(schedule, limit, cost, touch, {}, {})[0]
 
@@ -346,8 +351,8 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
             best = plan
 
     for variant in policy_variants(policy, cost):
-        fitted(variant, convert=isinstance(variant, AutoPolicy) and variant.offload and variant.recompute)
-    hybrid = isinstance(policy, AutoPolicy) and policy.offload and policy.recompute
+        fitted(variant, convert=isinstance(variant, AutoPolicy) and variant.hybrid)
+    hybrid = isinstance(policy, AutoPolicy) and policy.hybrid
     if hybrid and best is not None and best.simulation.recompute_seconds > 0.1 * baseline.seconds:
         # where the greedy recomputes a tenth of a step and more (copies hide little: a fast GPU
         # on a slow link), Chen et al.'s sqrt(n) segments are planned too, their recomputations
@@ -372,7 +377,7 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
 def policy_variants(policy, cost):
     """The policy and, for the hybrid, its swap-only variant and (where copies take time from
     compute) the variant that ranks offloads as if they did not: the simulator picks the fastest."""
-    if isinstance(policy, AutoPolicy) and policy.recompute and policy.offload:
+    if isinstance(policy, AutoPolicy) and policy.hybrid:
         more = [AutoPolicy(name=policy.name, copies_free=True)] if cost.copy_overlap < 1 else []
         return [policy, AutoPolicy(recompute=False, name=policy.name)] + more
     return [policy]

@@ -19,6 +19,16 @@ from .program import Evict
 from .simulator import memory_curve
 
 
+def fastest(*plans):
+    """The plan predicted fastest among ``plans`` (None ones left out); None if there is none."""
+    return min((p for p in plans if p is not None), key=lambda p: p.simulation.seconds, default=None)
+
+
+def stalls(plan) -> bool:
+    """Whether ``plan``'s compute still waits for copies for over 1% of its step."""
+    return plan.simulation.stall_seconds > 0.01 * plan.simulation.seconds
+
+
 def schedule_groups(program, n):
     """For each program step, the schedule step it belongs to: a compute step its own, a prefetch or a
     recomputation the step it is inserted before, an offload the step it follows."""
@@ -174,10 +184,9 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
         return found
 
     queued = fitted(*targets(queued=True))
-    if queued is not None and queued.simulation.stall_seconds <= 0.01 * queued.simulation.seconds:
+    if queued is not None and not stalls(queued):
         return queued
-    own = fitted(*targets(queued=False))
-    return min((p for p in (queued, own) if p is not None), key=lambda p: p.simulation.seconds, default=None)
+    return fastest(queued, fitted(*targets(queued=False)))
 
 
 def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
@@ -187,14 +196,11 @@ def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
     def plan_fn(ev):          # a plan that does not fit is not replayed
         return build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=limit)
 
-    def fastest(*plans):
-        return min((p for p in plans if p is not None), key=lambda p: p.simulation.seconds)
-
     def retimed(p):
         """``p`` retimed; where that still stalls, retimed once more from the retimed plan, whose
         lowering shows where recomputations now restore what it prefetches."""
         q = hide_transfers(plan_fn, p, schedule, cost, limit, touch)
-        if q is not None and q.simulation.stall_seconds > 0.01 * q.simulation.seconds:
+        if q is not None and stalls(q):
             q = fastest(q, hide_transfers(plan_fn, q, schedule, cost, limit, touch))
         return fastest(p, q)
 
@@ -208,6 +214,6 @@ def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
             continue
         more = retimed(more)
         best = fastest(best, more)
-        if more.simulation.stall_seconds <= 0.01 * more.simulation.seconds:
+        if not stalls(more):
             break
     return best
