@@ -9,6 +9,10 @@ import sys
 # loaded the runtime (PyTorch does) has fixed the policy already: the CPU backend warns.
 OMP_RUNTIME_LOADED_BEFORE = "OMP_WAIT_POLICY" not in os.environ and "torch" in sys.modules
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenBLAS's worker threads likewise spin after each call, by default for 2^28 cycles (a tenth
+# of a second): through the OpenMP kernels that follow a GEMM, on a core they need. 2^16 cycles
+# (tens of microseconds) still carries one GEMM into the next. Read when NumPy loads OpenBLAS.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
 from . import nn, optim  # noqa: E402
 from .errors import (BackendUnavailable, CheckpointError, DataError, MemoryBudgetError,  # noqa: E402

@@ -28,6 +28,7 @@ import minidnn._C as K
 from minidnn.graph import Spec
 from minidnn.ops import conv_algos
 from minidnn.ops.conv import Conv2dOp
+from minidnn.schedule import ALIGN
 from minidnn.backend.lanes import Lanes
 
 CONV = conv_algos.Convolutions(Lanes(K))   # runs the lane variants, as the CPU backend does
@@ -70,11 +71,18 @@ def vgg16(n, size):
 def columns(n, lanes):
     return (["im2col"] + [f"im2col_chunk{k}" for k in conv_algos.chunk_sizes(n)]
             + [f"im2col_chunk{k}x{lanes}" for k in conv_algos.lane_chunk_sizes(n, lanes)]
-            + ["direct", "gemm1x1", "winograd"])
+            + ["direct", "gemm1x1", "winograd", "implicit"])
 
 
 def short(name):
     return name[len("im2col_"):] if name.startswith("im2col_chunk") else name
+
+
+def aligned(nbytes, align=ALIGN):
+    """A byte buffer aligned as the executor's arena places workspaces."""
+    raw = np.empty(nbytes + align, np.uint8)
+    skip = (-raw.ctypes.data) % align
+    return raw[skip:skip + nbytes]
 
 
 def median_time(fn, repeats):
@@ -99,12 +107,12 @@ def bench_layer(spec, repeats, torch):
     gy = rng.standard_normal(ys.shape, dtype=np.float32)
     gx, gw = np.empty_like(x), np.empty_like(w)
     g = conv_algos.Geom.of(op, xs, ws_, ys)
-    fwd = {a.name: a for a in op.algorithms([xs, ws_], [ys], "forward")}
-    bwd = {a.name: a for a in op.algorithms([xs, ws_], [ys], "backward")}
+    fwd = {a.name: a for a in CONV.algorithms(op, [xs, ws_], [ys], "forward")}
+    bwd = {a.name: a for a in CONV.algorithms(op, [xs, ws_], [ys], "backward")}
     res = {"layer": name, "count": count, "shape": [n, c, h, h, o, k, s, p], "out": list(ys.shape),
            "forward": {}, "data": {}, "filter": {}, "ws_forward": {}, "ws_data": {}, "ws_filter": {},
            "backward_pairs": {}}
-    big = np.empty(max(a.workspace for a in list(fwd.values()) + list(bwd.values())), np.uint8)
+    big = aligned(max(a.workspace for a in list(fwd.values()) + list(bwd.values())))
 
     def ctx(a):
         return types.SimpleNamespace(k=K, rng=None, recompute=False, algo=a, conv=CONV)
@@ -126,16 +134,12 @@ def bench_layer(spec, repeats, torch):
         d, f = conv_algos.split(nm, "backward")
         res["backward_pairs"][nm] = (res["data"][d] + res["filter"][f], a.workspace)
     if torch is not None:
-        xt = torch.from_numpy(x).requires_grad_(True)
-        wt = torch.from_numpy(w).requires_grad_(True)
-        gyt = torch.from_numpy(gy)
+        xt, wt, gyt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(gy)
         res["torch_forward"] = median_time(lambda: torch.nn.functional.conv2d(xt, wt, None, s, p), repeats)
-
-        def tb():
-            yt = torch.nn.functional.conv2d(xt, wt, None, s, p)
-            xt.grad = wt.grad = None
-            yt.backward(gyt)
-        res["torch_backward"] = max(median_time(tb, repeats) - res["torch_forward"], 0.0)
+        for key, mask in (("torch_data", [True, False, False]), ("torch_filter", [False, True, False])):
+            res[key] = median_time(lambda: torch.ops.aten.convolution_backward(
+                gyt, xt, wt, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, mask), repeats)
+        res["torch_backward"] = res["torch_data"] + res["torch_filter"]
     return res
 
 
@@ -156,15 +160,15 @@ def report(net, results, tight_frac, torch):
     width = max(len(r["layer"]) for r in results) + 5
     print(f"\n=== {net}: time per layer call (ms, median); x<k> = layers of that shape ===")
     for pass_, key in (("forward", "forward"), ("backward-data", "data"), ("backward-filter", "filter")):
-        torch_head = "    torch" if torch and key != "filter" else ""
+        torch_head = "    torch" if torch else ""
         print(f"\n{pass_:<{width}}" + "".join(f"{h:>10}" for h in heads) + torch_head)
         for r in results:
             row = f"{r['layer'] + ' x' + str(r['count']):<{width}}"
             row += "".join(f"{fmt_ms(r[key].get(c)):>10}" for c in cols)
             if torch and key == "forward":
                 row += f"{fmt_ms(r['torch_forward']):>10}"
-            if torch and key == "data":
-                row += f"{fmt_ms(r['torch_backward']):>10}  (torch: data+filter)"
+            if torch and key in ("data", "filter"):
+                row += f"{fmt_ms(r['torch_' + key]):>10}"
             print(row)
     print(f"\n{'workspace (MiB) fwd / bwd pair':<{width}}" + "".join(f"{h:>10}" for h in heads))
     for r in results:

@@ -15,6 +15,7 @@ _C = pytest.importorskip("minidnn._C")
 from minidnn.algo_cache import AlgoCache, profile_conv  # noqa: E402
 from minidnn.graph import Spec  # noqa: E402
 from minidnn.ops import conv_algos  # noqa: E402
+from minidnn.ops.base import nbytes_of  # noqa: E402
 from minidnn.ops.conv import Conv2dOp, ConvTranspose2dOp  # noqa: E402
 from minidnn.backend.lanes import Lanes  # noqa: E402
 
@@ -120,7 +121,7 @@ def test_listed_algorithms():
     # the op's own list (what plans for a device profile choose from) has no lanes; the CPU backend's has
     assert [a.name for a in op.algorithms(in_specs, out_specs, "forward")] == conv_algos.names(g, "forward")
     assert [a.name for a in CONV.algorithms(op, in_specs, out_specs, "forward")] == \
-        conv_algos.names(g, "forward", conv_algos.default_lanes())
+        conv_algos.names(g, "forward", conv_algos.default_lanes(), CONV.implicit)
     bwd = {a.name: a.workspace for a in op.algorithms(in_specs, out_specs, "backward")}
     assert {"im2col", "im2col_chunk2", "im2col_chunk1", "direct", "winograd", "winograd/direct",
             "direct/im2col_chunk1", "im2col/direct"} <= set(bwd)
@@ -220,6 +221,41 @@ def test_1x1_forward_and_data_allocate_nothing():
     assert 0 < b.workspace <= 64 * (ins[1].size * 4 // 64 + 1)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_implicit_is_listed_where_it_applies(case):
+    """Stride 1, float32, on the CPU backend where the CPU has AVX-512F; the backward-data half only
+    where gy's padding d*(k-1) - p is not negative; never in what device-profile plans choose from."""
+    for dtype in DTYPES:
+        op, ins, in_specs, out_specs, gy = make(case, dtype)
+        g = conv_algos.Geom.of(op, *in_specs[:2], out_specs[0])
+        fwd = [a.name for a in CONV.algorithms(op, in_specs, out_specs, "forward")]
+        bwd = [a.name for a in CONV.algorithms(op, in_specs, out_specs, "backward")]
+        applies = CONV.implicit and g.stride == (1, 1) and dtype == np.float32
+        assert ("implicit" in fwd) == applies
+        assert any(n.endswith("/implicit") for n in bwd) == applies
+        assert ("implicit" in bwd) == (applies and all(p <= d * (k - 1) for p, d, k in
+                                                       zip(g.padding, g.dilation, (g.kh, g.kw))))
+        assert not [a for a in op.algorithms(in_specs, out_specs, "forward") if a.name == "implicit"]
+        if applies:   # the planner's workspace is the kernels' own figure
+            for role, pass_ in ((0, "forward"), (1, "data"), (2, "filter")):
+                if pass_ == "data" and "implicit" not in bwd:
+                    continue
+                floats = _C.conv2d_implicit_workspace(g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, *g.padding,
+                                                      *g.dilation, g.groups, role)
+                assert nbytes_of([((floats,), np.float32)]) == conv_algos.part_workspace(g, "implicit", pass_)
+
+
+@pytest.mark.skipif(not CONV.implicit, reason="this CPU has no AVX-512F")
+def test_implicit_rejects_what_it_does_not_run():
+    op, ins, in_specs, out_specs, gy = make("s2_p1", np.float32)
+    with pytest.raises(ValueError, match="does not apply"):
+        run(op, ins, out_specs, gy, "forward", conv_algos.Algo("implicit", 1 << 20))
+    op, ins, in_specs, out_specs, gy = make("3x3_odd_out", np.float32)
+    y = np.empty(out_specs[0].shape, np.float32)
+    with pytest.raises(ValueError, match="too small for the implicit forward"):
+        _C.conv2d_implicit_forward(ins[0], ins[1], None, y, np.empty(10, np.float32), 1, 1, 1, 1)
+
+
 # -------------------------------------------------------------- determinism
 @pytest.mark.parametrize("case", ["s2_p1", "wide_row", "3x3_odd_out", "1x1", "depthwise"])
 def test_deterministic(case):
@@ -233,14 +269,18 @@ def test_deterministic(case):
                 assert x.tobytes() == y.tobytes(), f"{pass_} {a.name}"
 
 
-def test_direct_is_thread_count_independent():
-    op, ins, in_specs, out_specs, gy = make("wide_s2", np.float32)
+@pytest.mark.parametrize("case,name", [("wide_s2", "direct"), ("wide_dil2_g2", "implicit"), ("3x3_odd_out", "implicit")])
+def test_thread_count_independent(case, name):
+    if name == "implicit" and not CONV.implicit:
+        pytest.skip("this CPU has no AVX-512F")
+    op, ins, in_specs, out_specs, gy = make(case, np.float32)
     n0 = _C.get_num_threads()
     res = []
     try:
         for t in (1, 2, 3):
             _C.set_num_threads(t)
-            res.append([run(op, ins, out_specs, gy, p, conv_algos.Algo("direct", 0)) for p in ("forward", "backward")])
+            res.append([run(op, ins, out_specs, gy, p, [a for a in CONV.algorithms(op, in_specs, out_specs, p)
+                                                        if a.name == name][0]) for p in ("forward", "backward")])
     finally:
         _C.set_num_threads(n0)
     for r in res[1:]:

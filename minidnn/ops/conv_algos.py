@@ -19,13 +19,18 @@ name                      forward / backward-data / backward-filter   workspace
                           per sample, NumPy matmul into the output    filter-sized partial)
 ``winograd``              F(2x2,3x3), 3x3 stride 1 groups 1:          16*(O*C + C*P + O*P)
                           forward and backward-data                   P = N*ceil(OH/2)*ceil(OW/2)
+``implicit``              stride 1, float32, CPUs with AVX-512: an    a zero-padded copy of the
+                          implicit GEMM over zero-padded planes       input (x; gy for the data
+                          (C++, FMA), all three passes                pass; x as rows of channels
+                                                                      for the filter pass)
 ========================  ==========================================  ==========================
 
 Every algorithm writes only its outputs and its workspace, is deterministic
 run to run, and agrees with the others within float32 rounding. The lane
 variants are the CPU backend's own (``Convolutions``, its ``conv``, lists them
-for as many lanes as the kernels have threads and runs them on its ``Lanes``);
-``Conv2dOp.algorithms``, what plans for a device profile choose from, has none.
+for as many lanes as the kernels have threads and runs them on its ``Lanes``),
+and so is ``implicit``, listed where this CPU runs it; ``Conv2dOp.algorithms``,
+what plans for a device profile choose from, has neither.
 """
 from __future__ import annotations
 
@@ -77,6 +82,10 @@ class Geom:
         return (*self.stride, *self.padding, *self.dilation, self.groups)
 
     @property
+    def implicit_args(self):   # the implicit kernels' (ph, pw, dh, dw, groups): stride is 1
+        return (*self.padding, *self.dilation, self.groups)
+
+    @property
     def is_1x1(self):
         return (self.kh, self.kw) == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
 
@@ -88,6 +97,15 @@ class Geom:
     @property
     def winograd_data(self):   # backward-data as a Winograd conv padded by 2 - p
         return self.is_winograd and max(self.padding) <= 2
+
+    @property
+    def implicit(self):        # the C++ kernels: float32, stride 1, taps of at most 32x32
+        return self.stride == (1, 1) and self.dtype == np.float32 and self.direct
+
+    @property
+    def implicit_data(self):   # backward-data pads gy by d*(k-1) - p
+        return self.implicit and all(p <= d * (k - 1) for p, d, k in zip(self.padding, self.dilation,
+                                                                              (self.kh, self.kw)))
 
     @property
     def direct(self):          # the C++ kernel keeps per-row tap tables of 32 entries
@@ -119,7 +137,7 @@ def _family(part):
         k, _, p = part[len("im2col_chunk"):].partition("x")
         if k.isdigit() and int(k) >= 1 and (not p or p.isdigit() and int(p) >= 2):
             return "im2col", int(k), int(p or 1)
-    if part in ("direct", "gemm1x1", "winograd"):
+    if part in ("direct", "gemm1x1", "winograd", "implicit"):
         return part, None, 1
     raise ValueError(f"unknown convolution algorithm {part!r}")
 
@@ -128,7 +146,8 @@ def _check(g: Geom, part, role):
     """(family, chunk size, lanes) of a part that applies to this layer and role."""
     fam, k, p = _family(part)
     ok = {"im2col": True, "direct": g.direct, "gemm1x1": g.is_1x1,
-          "winograd": g.is_winograd if role == "forward" else g.winograd_data and role == "data"}[fam]
+          "winograd": g.is_winograd if role == "forward" else g.winograd_data and role == "data",
+          "implicit": g.implicit_data if role == "data" else g.implicit}[fam]
     if not ok:
         raise ValueError(f"convolution algorithm {part!r} does not apply to the {role} pass of this layer "
                          f"(kernel {g.kh}x{g.kw}, stride {g.stride}, padding {g.padding}, "
@@ -159,6 +178,37 @@ def _wino_data(g):
     return [((16, g.c, g.o), g.dtype), ((16, g.o, p), g.dtype), ((16, g.c, p), g.dtype)]
 
 
+def _implicit_rows(g, role):
+    """(rows, width, padded width) of the plane the implicit forward or data pass writes."""
+    if role == "forward":
+        return g.oh, g.ow, g.w + 2 * g.padding[1]
+    return g.h, g.w, g.ow + 2 * (g.dilation[1] * (g.kw - 1) - g.padding[1])
+
+
+def _implicit_channels(g, role):
+    """Whether the implicit kernels vectorize over output channels (planes whose padded rows would
+    leave more than 1/8 of each vector of 16 positions empty) rather than over positions."""
+    rows, width, wp = _implicit_rows(g, role)
+    return 8 * rows * width < 7 * 16 * -(-rows * wp // 16)
+
+
+def _implicit(g, role):
+    """The implicit convolution's workspace: a zero-padded copy of its input, (N, C, Hp, Wp) of x or
+    (N, O, ., .) of gy padded by d*(k-1) - p, with the vector loads' slack past the planes, the
+    partial sums of blocks of 6 positions x 64 channels where channels are vectorized, and the
+    filter laid out for the kernel; or, for the filter pass, x as padded planes of 16 channels."""
+    hp, wp = g.h + 2 * g.padding[0], g.w + 2 * g.padding[1]
+    if role == "filter":
+        return [((g.n * g.groups * -(-(g.c // g.groups) // 16) * 16 * hp * wp,), g.dtype)]
+    rows, width, _ = _implicit_rows(g, role)
+    temp = -(-g.n * rows * width // 6) * 6 * 64 if _implicit_channels(g, role) else 0
+    extra = 5 * 16 + (g.kw - 1) * g.dilation[1] + temp + g.o * (g.c // g.groups) * g.kh * g.kw
+    if role == "forward":
+        return [((g.n * g.c * hp * wp + extra,), g.dtype)]
+    qh, qw = (d * (k - 1) - p for d, k, p in zip(g.dilation, (g.kh, g.kw), g.padding))
+    return [((g.n * g.o * (g.oh + 2 * qh) * (g.ow + 2 * qw) + extra,), g.dtype)]
+
+
 def _lane_chunks(n, k, p):
     """Per lane, the (start, end) sample ranges of its chunks: chunk i goes to lane i mod p."""
     chunks = _chunks(n, k)
@@ -179,6 +229,8 @@ def _scratch(g, fam, k, p, role):
         return _cols(g, k) * lanes + (_partials(g) * _lane_partials(g.n, k, p) if role == "filter" else [])
     if fam == "winograd":
         return _wino_fwd(g) if role == "forward" else _wino_data(g)
+    if fam == "implicit":
+        return _implicit(g, role)
     if fam == "gemm1x1" and role == "filter" and g.n > 1:
         return _partials(g)[:1]
     return []
@@ -215,17 +267,20 @@ def lane_chunk_sizes(n, p):
     return sorted({k for k in (per, -(-per // 2), 1) if k < n}, reverse=True) if p > 1 else []
 
 
-def names(g: Geom, pass_, lanes=1):
-    """The algorithm names that apply to this layer and pass on ``lanes`` lanes, the default first."""
+def names(g: Geom, pass_, lanes=1, implicit=False):
+    """The algorithm names that apply to this layer and pass on ``lanes`` lanes, the default first;
+    ``implicit`` where this CPU runs it."""
     chunks = ([f"im2col_chunk{k}" for k in chunk_sizes(g.n)]
               + [f"im2col_chunk{k}x{lanes}" for k in lane_chunk_sizes(g.n, lanes)])
     zero = (["direct"] if g.direct else []) + (["gemm1x1"] if g.is_1x1 else [])
     if pass_ == "forward":
-        return ["im2col"] + chunks + zero + (["winograd"] if g.is_winograd else [])
+        return (["im2col"] + chunks + zero + (["winograd"] if g.is_winograd else [])
+                + (["implicit"] if implicit and g.implicit else []))
     if pass_ != "backward":
         raise ValueError(f"pass must be 'forward' or 'backward', got {pass_!r}")
-    data = ["im2col"] + chunks + zero + (["winograd"] if g.winograd_data else [])
-    filt = ["im2col"] + chunks + zero
+    data = (["im2col"] + chunks + zero + (["winograd"] if g.winograd_data else [])
+            + (["implicit"] if implicit and g.implicit_data else []))
+    filt = ["im2col"] + chunks + zero + (["implicit"] if implicit and g.implicit else [])
     out = []
     for d in data:
         for f in filt:
@@ -241,8 +296,17 @@ def names(g: Geom, pass_, lanes=1):
 
 
 @functools.lru_cache(maxsize=1024)   # a pure function of the shape; deep networks repeat few shapes
-def algorithms(g: Geom, pass_, lanes=1):
-    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_)) for n in names(g, pass_, lanes)]
+def algorithms(g: Geom, pass_, lanes=1, implicit=False):
+    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_)) for n in names(g, pass_, lanes, implicit)]
+
+
+def implicit_available() -> bool:
+    """Whether this CPU runs the ``implicit`` algorithm (AVX-512F and the built kernels)."""
+    try:
+        from .. import _C
+    except ImportError:
+        return False
+    return _C.conv2d_implicit_available()
 
 
 # Time relative to the default, for cost models that do not measure: rounded
@@ -264,8 +328,28 @@ def _lane_speed(g, role):
     return 1.6 if role == "filter" else 1.1
 
 
+def _implicit_speed(g, role):
+    """The implicit kernels relative to im2col (medians of scripts/bench_conv_cpu.py and of per-step
+    profiles of ResNet-18, 2-core AVX-512 Xeon): about twice as fast where a plane's rows fill the
+    vectors of 16 positions (forward, data) or the planes are large (filter), slower as more of
+    each vector is padding, on small planes (vectors of channels), or with fewer than 16 channels
+    to sum or to fill the vectors."""
+    cg, og = g.c // g.groups, g.o // g.groups
+    if role == "filter":
+        filled = cg / (16 * -(-cg // 16))
+        return (0.55 if g.oh * g.ow >= 16 * 16 else 1.3) / filled
+    rows, width, wp = _implicit_rows(g, role)
+    if _implicit_channels(g, role):
+        sp = 1.0 if rows * width >= 8 * 8 else 1.3
+    else:
+        sp = 0.5 / (rows * width / (16 * -(-rows * wp // 16))) ** 2
+    return sp * (2.0 if (cg if role == "forward" else og) < 16 else 1.0)
+
+
 def _part_speed(g, part, role):
     fam, k, p = _family(part)
+    if fam == "implicit":
+        return _implicit_speed(g, role)
     sp = _SPEED[role][fam]
     if fam == "im2col" and k is not None and k < g.n:
         sp *= 1.0 + 0.1 * (k == 1 and g.n >= 8)   # many small GEMMs
@@ -329,6 +413,8 @@ def forward(op, k, x, w, b, y, ws, name, lanes=None):
             k.conv2d_add_bias(y, b)
     elif fam == "direct":
         k.conv2d_direct_forward(x, w, b, y, *g.conv_args)
+    elif fam == "implicit":
+        k.conv2d_implicit_forward(x, w, b, y, carve(ws, _implicit(g, "forward"))[0], *g.implicit_args)
     elif fam == "gemm1x1":
         gr = g.groups
         np.matmul(w.reshape(gr, g.o // gr, g.c // gr), x.reshape(g.n, gr, g.c // gr, g.h * g.w),
@@ -357,6 +443,8 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
             _im2col_backward(g, k, None, w, gy, gx, None, None, ws, kd, pd, lanes)
         elif fd == "direct":
             k.conv2d_direct_backward_data(gy, w, gx, *g.conv_args)
+        elif fd == "implicit":
+            k.conv2d_implicit_backward_data(gy, w, gx, carve(ws, _implicit(g, "data"))[0], *g.implicit_args)
         elif fd == "gemm1x1":
             gr = g.groups
             w3 = w.reshape(gr, g.o // gr, g.c // gr)
@@ -371,9 +459,12 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
     if want_filter:
         if ff == "im2col":
             _im2col_backward(g, k, x, None, gy, None, gw, gb, ws, kf, pf, lanes)
-        elif ff == "direct":
-            if gw is not None:
+        elif ff in ("direct", "implicit"):
+            if gw is not None and ff == "direct":
                 k.conv2d_direct_backward_filter(x, gy, gw, *g.conv_args)
+            elif gw is not None:
+                k.conv2d_implicit_backward_filter(x, gy, gw, carve(ws, _implicit(g, "filter"))[0],
+                                                  *g.implicit_args)
             if gb is not None:
                 k.conv2d_bias_grad(gy, gb)
         else:  # gemm1x1: one GEMM per sample, summed in sample order
@@ -442,14 +533,16 @@ def _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kc, p, lanes):
 class Convolutions:
     """The CPU backend's convolution algorithms, with the lanes that run their lane variants."""
 
-    def __init__(self, lanes):
+    def __init__(self, lanes, implicit=None):
         self.lanes = lanes
+        self.implicit = implicit_available() if implicit is None else implicit
 
     def algorithms(self, op, in_specs, out_specs, pass_) -> list:
         """``op``'s algorithms on this backend: a Conv2d's lane variants too."""
         if op.name != "conv2d":
             return op.algorithms(in_specs, out_specs, pass_)
-        return algorithms(Geom.of(op, in_specs[0], in_specs[1], out_specs[0]), pass_, default_lanes())
+        return algorithms(Geom.of(op, in_specs[0], in_specs[1], out_specs[0]), pass_, default_lanes(),
+                          self.implicit)
 
     def forward(self, op, k, x, w, b, y, ws, name):
         forward(op, k, x, w, b, y, ws, name, self.lanes)
