@@ -45,7 +45,7 @@ index_t slack(index_t kw, index_t dw) { return kMaxR * kL + (kw - 1) * dw + kL; 
 
 constexpr int kP = 6;                // the channel kernel's block: output positions
 constexpr int kVB = 4;               // ... x vectors of 16 output channels
-constexpr index_t kCChunk = 16;      // ... summed over chunks of input channels
+constexpr index_t kCChunk = 8;       // ... summed over chunks of input channels
 
 // Whether vectors of positions along a plane's padded rows (OH x Wp) would be mostly padding, so
 // the channel kernel runs instead of the plane kernel.
@@ -195,6 +195,7 @@ AVX512 void plane_items(const Plane& p) {
 // in the first-level cache while every block of positions passes: the partial sums go to temp
 // between chunks, and the last chunk scatters them into the output. A thread owns a range of
 // position blocks.
+template <bool FULL>   // every block of output channels fills its kVB vectors
 AVX512 void channel_range(const Plane& p, index_t pb0, index_t pb1) {
     const index_t OHW = p.OH * p.OW, NP = p.N * OHW, HpWp = p.Hp * p.Wp;
     const index_t* off = p.off.data();
@@ -230,7 +231,9 @@ AVX512 void channel_range(const Plane& p, index_t pb0, index_t pb1) {
                             const index_t xt = xc + off[t];
                             __m512 wv[kVB];
                             MINIDNN_UNROLL
-                            for (int v = 0; v < kVB; ++v) wv[v] = _mm512_maskz_loadu_ps(om[v], wc + t * p.Co + v * kL);
+                            for (int v = 0; v < kVB; ++v)
+                                wv[v] = FULL ? _mm512_loadu_ps(wc + t * p.Co + v * kL)
+                                             : _mm512_maskz_loadu_ps(om[v], wc + t * p.Co + v * kL);
                             MINIDNN_UNROLL
                             for (int q = 0; q < kP; ++q) {
                                 const __m512 xb = _mm512_set1_ps(xs[q][xt]);
@@ -269,7 +272,12 @@ void channel_items(const Plane& p) {
     const index_t npb = (p.N * p.OH * p.OW + kP - 1) / kP;
     const index_t nt = std::max<index_t>(1, std::min<index_t>(get_num_threads(), npb));
     MINIDNN_OMP_FOR(nt > 1)
-    for (index_t t = 0; t < nt; ++t) channel_range(p, npb * t / nt, npb * (t + 1) / nt);
+    for (index_t t = 0; t < nt; ++t) {
+        if (p.Co % (kVB * kL) == 0)
+            channel_range<true>(p, npb * t / nt, npb * (t + 1) / nt);
+        else
+            channel_range<false>(p, npb * t / nt, npb * (t + 1) / nt);
+    }
 }
 #endif
 
