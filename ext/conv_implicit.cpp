@@ -1,9 +1,10 @@
-// Stride-1 convolution as an implicit GEMM over zero-padded copies, with
-// AVX-512 FMA: forward, backward-data and backward-filter.
+// Convolution as an implicit GEMM over zero-padded copies, with AVX-512 FMA:
+// forward, backward-data (stride 1) and backward-filter.
 //
 // Forward and backward-data share two kernels. The input (x, or gy for the
 // data gradient) is first copied into the workspace with its padding made
-// explicit, each plane Hp x Wp, and the filter is laid out for the kernel
+// explicit, each plane Hp x Wp (with stride s, split into s x s phase planes:
+// see pad_phases), and the filter is laid out for the kernel
 // (backward-data is the forward of gy padded by d*(k-1) - p with the filter
 // flipped and its channel axes swapped).
 //
@@ -62,11 +63,11 @@ index_t channel_temp(index_t N, index_t OH, index_t OW, index_t Wp) {
 // out[n, gi*Co + o, q] = sum over c < Ci, t < K of W(gi, o, c, t) * in[n, gi*Ci + c, q + off[t]],
 // W(gi, o, c, t) = w[wbase + gi*wg + o*so + c*si + t*st].
 struct Plane {
-    index_t N, G, Ci, Co, Hp, Wp, OH, OW, K;
+    index_t N, G, Ci, Co, cs, Wp, OH, OW, K;   // cs: floats per input channel; Wp: a row's width
     std::vector<index_t> off;
     const float* w;
     index_t wbase, wg, so, si, st;
-    const float* in;       // (N, G*Ci, Hp, Wp) + slack
+    const float* in;       // (N, G*Ci, cs) + slack
     float* wr;             // the filter laid out for the kernel that runs (G*Ci*Co*K floats)
     float* temp;           // the channel kernel's partial sums (channel_temp floats)
     const float* bias;     // (G*Co,) or null
@@ -111,6 +112,31 @@ void pad_planes(const float* src, float* dst, index_t NC, index_t H, index_t W, 
     std::memset(dst + NC * Hp * Wp, 0, sizeof(float) * extra);
 }
 
+// For stride (sh, sw): src (N, C, H, W) padded by (ph, pw), split into sh*sw phase planes of
+// Hq x Wq, phase (a, b) holding the padded pixels (u*sh + a, v*sw + b), then the slack zeroed.
+// A tap (i, j) of output (oh, ow) reads phase ((i*dh) % sh, (j*dw) % sw) at
+// (oh + i*dh / sh, ow + j*dw / sw): a stride-1 access on a plane of rows Wq wide.
+void pad_phases(const float* src, float* dst, index_t NC, index_t H, index_t W, index_t ph, index_t pw,
+                index_t sh, index_t sw, index_t extra) {
+    const index_t Hq = (H + 2 * ph + sh - 1) / sh, Wq = (W + 2 * pw + sw - 1) / sw, cs = sh * sw * Hq * Wq;
+    MINIDNN_OMP_FOR(NC * cs >= kParallelGrain && NC > 1)
+    for (index_t nc = 0; nc < NC; ++nc) {
+        const float* s = src + nc * H * W;
+        float* d = dst + nc * cs;
+        for (index_t a = 0; a < sh; ++a)
+            for (index_t b = 0; b < sw; ++b)
+                for (index_t u = 0; u < Hq; ++u) {
+                    float* row = d + ((a * sw + b) * Hq + u) * Wq;
+                    const index_t h = u * sh + a - ph;
+                    for (index_t v = 0; v < Wq; ++v) {
+                        const index_t w = v * sw + b - pw;
+                        row[v] = (h >= 0 && h < H && w >= 0 && w < W) ? s[h * W + w] : 0.0f;
+                    }
+                }
+    }
+    std::memset(dst + NC * cs, 0, sizeof(float) * extra);
+}
+
 #ifdef MINIDNN_AVX512
 // The vectors of every sample's plane in one list, n * nvec + v: a block of R of them may span
 // samples, so short planes fill register blocks as long ones do. Items are (group, block of
@@ -126,7 +152,7 @@ AVX512 void plane_item(const Plane& p, index_t it, bool weights_inner) {
         ob_i = it % nob, vb = (it / nob) % nvb, gi = it / (nob * nvb);
     else
         vb = it % nvb, ob_i = (it / nvb) % nob, gi = it / (nvb * nob);
-    const index_t o0 = ob_i * OB, HpWp = p.Hp * p.Wp, last = p.N * p.nvec - 1;
+    const index_t o0 = ob_i * OB, HpWp = p.cs, last = p.N * p.nvec - 1;
     const int ob = static_cast<int>(std::min<index_t>(OB, p.Co - o0));
     const float* xs[R];          // vector r of the block, at channel 0 (the last vector repeats past the end)
     MINIDNN_UNROLL
@@ -180,7 +206,7 @@ AVX512 void plane_items(const Plane& p) {
     const index_t nvb = (p.N * p.nvec + R - 1) / R, nob = (p.Co + OB - 1) / OB;
     const index_t items = p.G * nvb * nob;
     const double filter_traffic = double(nvb) * p.Co * p.Ci * p.K;      // floats read per group
-    const double input_traffic = double(nob) * p.N * p.Ci * p.Hp * p.Wp;
+    const double input_traffic = double(nob) * p.N * p.Ci * p.cs;
     const bool weights_inner = filter_traffic <= input_traffic;
     MINIDNN_OMP_FOR(items > 1)
     for (index_t it = 0; it < items; ++it) plane_item<OB, R>(p, it, weights_inner);
@@ -197,7 +223,7 @@ AVX512 void plane_items(const Plane& p) {
 // position blocks.
 template <bool FULL>   // every block of output channels fills its kVB vectors
 AVX512 void channel_range(const Plane& p, index_t pb0, index_t pb1) {
-    const index_t OHW = p.OH * p.OW, NP = p.N * OHW, HpWp = p.Hp * p.Wp;
+    const index_t OHW = p.OH * p.OW, NP = p.N * OHW, HpWp = p.cs;
     const index_t* off = p.off.data();
     const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                            _mm512_set1_epi32(static_cast<int>(OHW)));
@@ -322,7 +348,7 @@ void run_plane(Plane& p) {
 #ifdef MINIDNN_AVX512
 // ------------------------------------------------------------ backward-filter
 struct Rows {
-    index_t N, G, Cg, Og, CB, O, Hp, Wp, OH, OW, K;   // CB: blocks of 16 channels per group
+    index_t N, G, Cg, Og, CB, O, Hp, Wp, OH, OW, K, sh, sw;   // CB: blocks of 16 channels per group
     std::vector<index_t> off;   // per tap, its offset in a block's plane
     const float* xr;            // (N, G, CB, Hp, Wp, 16)
     const float* gy;            // (N, O, OH, OW)
@@ -377,7 +403,7 @@ AVX512 void rows_item(const Rows& p, index_t it, index_t t0, index_t n0, index_t
         for (index_t oh = 0; oh < p.OH; ++oh) {
             for (index_t ow = 0; ow < p.OW; ++ow) {
                 const index_t q = oh * p.OW + ow;
-                const float* xq = xn + (oh * p.Wp + ow) * kL;
+                const float* xq = xn + (oh * p.sh * p.Wp + ow * p.sw) * kL;
                 __m512 gv[OB];
                 MINIDNN_UNROLL
                 for (int o = 0; o < OB; ++o) gv[o] = _mm512_set1_ps(gyo[o][q]);
@@ -453,10 +479,11 @@ void require_available() {
     require(available(), "the implicit convolution needs a CPU with AVX-512F (conv2d_implicit_available())");
 }
 
-ConvGeom implicit_geom(const py::array& x, const py::array& w, const py::array& y, index_t ph, index_t pw,
-                       index_t dh, index_t dw, index_t groups, const char* xn, const char* yn) {
+ConvGeom implicit_geom(const py::array& x, const py::array& w, const py::array& y, index_t sh, index_t sw,
+                       index_t ph, index_t pw, index_t dh, index_t dw, index_t groups, const char* xn,
+                       const char* yn) {
     require_available();
-    return conv_geom(x, w, y, 1, 1, ph, pw, dh, dw, groups, xn, yn);
+    return conv_geom(x, w, y, sh, sw, ph, pw, dh, dw, groups, xn, yn);
 }
 
 void check_workspace(const py::array& ws, index_t floats, const char* what) {
@@ -465,10 +492,22 @@ void check_workspace(const py::array& ws, index_t floats, const char* what) {
                                      std::to_string(floats) + ")");
 }
 
-std::vector<index_t> plane_offsets(const ConvGeom& g, index_t Wp) {
+// The forward's input planes: padded (Hp, Wp), split into sh x sw phases of (Hq, Wq).
+struct Phases {
+    index_t Hq, Wq, cs;   // cs: floats per channel
+    Phases(index_t H, index_t W, index_t sh, index_t sw, index_t ph, index_t pw)
+        : Hq((H + 2 * ph + sh - 1) / sh), Wq((W + 2 * pw + sw - 1) / sw), cs(sh * sw * Hq * Wq) {}
+};
+
+// Per tap (i, j), its offset from an output's position: phase ((i*dh) % sh, (j*dw) % sw), then
+// (i*dh / sh) rows of Wq and (j*dw / sw) columns.
+std::vector<index_t> plane_offsets(const ConvGeom& g, const Phases& f) {
     std::vector<index_t> off;
     for (index_t i = 0; i < g.kh; ++i)
-        for (index_t j = 0; j < g.kw; ++j) off.push_back(i * g.dh * Wp + j * g.dw);
+        for (index_t j = 0; j < g.kw; ++j) {
+            const index_t r = i * g.dh, c = j * g.dw;
+            off.push_back(((r % g.sh) * g.sw + c % g.sw) * f.Hq * f.Wq + (r / g.sh) * f.Wq + c / g.sw);
+        }
     return off;
 }
 
@@ -477,12 +516,14 @@ std::vector<index_t> plane_offsets(const ConvGeom& g, index_t Wp) {
 bool conv2d_implicit_available() { return available(); }
 
 index_t conv2d_implicit_workspace(index_t N, index_t C, index_t H, index_t W, index_t O, index_t kh,
-                                  index_t kw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups,
-                                  int role) {
+                                  index_t kw, index_t sh, index_t sw, index_t ph, index_t pw, index_t dh,
+                                  index_t dw, index_t groups, int role) {
     const index_t filter = O * (C / groups) * kh * kw;
-    const index_t OH = H + 2 * ph - dh * (kh - 1), OW = W + 2 * pw - dw * (kw - 1);
-    if (role == 0)
-        return N * C * (H + 2 * ph) * (W + 2 * pw) + slack(kw, dw) + channel_temp(N, OH, OW, W + 2 * pw) + filter;
+    const index_t OH = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1, OW = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+    if (role == 0) {
+        const Phases f(H, W, sh, sw, ph, pw);
+        return N * C * f.cs + slack(kw, dw) + channel_temp(N, OH, OW, f.Wq) + filter;
+    }
     if (role == 1) {
         const index_t qh = dh * (kh - 1) - ph, qw = dw * (kw - 1) - pw;
         return N * O * (OH + 2 * qh) * (OW + 2 * qw) + slack(kw, dw) + channel_temp(N, H, W, OW + 2 * qw) + filter;
@@ -491,78 +532,84 @@ index_t conv2d_implicit_workspace(index_t N, index_t C, index_t H, index_t W, in
 }
 
 void conv2d_implicit_forward(py::object xo, py::object wo, py::object bo, py::object yo, py::object wso,
-                             index_t ph, index_t pw, index_t dh, index_t dw, index_t groups) {
+                             index_t sh, index_t sw, index_t ph, index_t pw, index_t dh, index_t dw,
+                             index_t groups) {
     auto x = checked<float>(xo, "x", false);
     auto w = checked<float>(wo, "w", false);
     auto y = checked<float>(yo, "y", true);
     auto ws = checked<float>(wso, "ws", true);
-    const ConvGeom g = implicit_geom(x, w, y, ph, pw, dh, dw, groups, "x", "y");
+    const ConvGeom g = implicit_geom(x, w, y, sh, sw, ph, pw, dh, dw, groups, "x", "y");
     const float* bias = nullptr;
     if (!bo.is_none()) {
         auto b = checked<float>(bo, "b", false);
         check_shape(b, "b", {g.O});
         bias = b.data();
     }
-    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, ph, pw, dh, dw, groups, 0),
+    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, sh, sw, ph, pw, dh, dw,
+                                                  groups, 0),
                     "forward");
     check_no_overlap(x, "x", y, "y");
     check_no_overlap(ws, "ws", y, "y");
     check_no_overlap(ws, "ws", x, "x");
-    Plane p{g.N, g.G, g.Cg, g.Og, g.H + 2 * ph, g.W + 2 * pw, g.OH, g.OW, g.K(), {}, w.data(), 0,
-            g.Og * g.Cg * g.K(), g.Cg * g.K(), g.K(), 1, ws.mutable_data(),
-            ws.mutable_data() + (ws.size() - w.size()), ws.mutable_data() + g.N * g.C * (g.H + 2 * ph) * (g.W + 2 * pw) +
-            slack(g.kw, g.dw), bias, y.mutable_data(), 0, {}, {}};
-    p.off = plane_offsets(g, p.Wp);
-    const float* xs = x.data();
+    const Phases f(g.H, g.W, sh, sw, ph, pw);
     float* pad = ws.mutable_data();
+    Plane p{g.N, g.G, g.Cg, g.Og, f.cs, f.Wq, g.OH, g.OW, g.K(), plane_offsets(g, f), w.data(), 0,
+            g.Og * g.Cg * g.K(), g.Cg * g.K(), g.K(), 1, pad, pad + (ws.size() - w.size()),
+            pad + g.N * g.C * f.cs + slack(g.kw, g.dw), bias, y.mutable_data(), 0, {}, {}};
+    const float* xs = x.data();
     py::gil_scoped_release nogil;
-    pad_planes(xs, pad, g.N * g.C, g.H, g.W, ph, pw, slack(g.kw, g.dw));
+    if (sh == 1 && sw == 1)
+        pad_planes(xs, pad, g.N * g.C, g.H, g.W, ph, pw, slack(g.kw, g.dw));
+    else
+        pad_phases(xs, pad, g.N * g.C, g.H, g.W, ph, pw, sh, sw, slack(g.kw, g.dw));
     run_plane(p);
 }
 
-void conv2d_implicit_backward_data(py::object gyo, py::object wo, py::object gxo, py::object wso, index_t ph,
-                                   index_t pw, index_t dh, index_t dw, index_t groups) {
+void conv2d_implicit_backward_data(py::object gyo, py::object wo, py::object gxo, py::object wso, index_t sh,
+                                   index_t sw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups) {
     auto gy = checked<float>(gyo, "gy", false);
     auto w = checked<float>(wo, "w", false);
     auto gx = checked<float>(gxo, "gx", true);
     auto ws = checked<float>(wso, "ws", true);
-    const ConvGeom g = implicit_geom(gx, w, gy, ph, pw, dh, dw, groups, "gx", "gy");
+    require(sh == 1 && sw == 1, "the implicit backward-data runs stride 1 only");
+    const ConvGeom g = implicit_geom(gx, w, gy, 1, 1, ph, pw, dh, dw, groups, "gx", "gy");
     const index_t qh = dh * (g.kh - 1) - ph, qw = dw * (g.kw - 1) - pw;   // gy's padding
     require(qh >= 0 && qw >= 0, "the implicit backward-data needs padding <= dilation * (kernel - 1)");
-    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, ph, pw, dh, dw, groups, 1),
+    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, 1, 1, ph, pw, dh, dw,
+                                                  groups, 1),
                     "backward-data");
     check_no_overlap(gy, "gy", gx, "gx");
     check_no_overlap(ws, "ws", gx, "gx");
     check_no_overlap(ws, "ws", gy, "gy");
     // gx[c] = sum over o, taps t of w[o, c, K-1-t] * gy_padded[o, q + off[t]]
-    Plane p{g.N, g.G, g.Og, g.Cg, g.OH + 2 * qh, g.OW + 2 * qw, g.H, g.W, g.K(), {}, w.data(), g.K() - 1,
-            g.Og * g.Cg * g.K(), g.K(), g.Cg * g.K(), -1, ws.mutable_data(),
-            ws.mutable_data() + (ws.size() - w.size()), ws.mutable_data() + g.N * g.O * (g.OH + 2 * qh) * (g.OW + 2 * qw) +
-            slack(g.kw, g.dw), nullptr, gx.mutable_data(), 0, {}, {}};
-    p.off = plane_offsets(g, p.Wp);
-    const float* gys = gy.data();
+    const Phases f(g.OH, g.OW, 1, 1, qh, qw);
     float* pad = ws.mutable_data();
+    Plane p{g.N, g.G, g.Og, g.Cg, f.cs, f.Wq, g.H, g.W, g.K(), plane_offsets(g, f), w.data(), g.K() - 1,
+            g.Og * g.Cg * g.K(), g.K(), g.Cg * g.K(), -1, pad, pad + (ws.size() - w.size()),
+            pad + g.N * g.O * f.cs + slack(g.kw, g.dw), nullptr, gx.mutable_data(), 0, {}, {}};
+    const float* gys = gy.data();
     py::gil_scoped_release nogil;
     pad_planes(gys, pad, g.N * g.O, g.OH, g.OW, qh, qw, slack(g.kw, g.dw));
     run_plane(p);
 }
 
-void conv2d_implicit_backward_filter(py::object xo, py::object gyo, py::object gwo, py::object wso, index_t ph,
-                                     index_t pw, index_t dh, index_t dw, index_t groups) {
+void conv2d_implicit_backward_filter(py::object xo, py::object gyo, py::object gwo, py::object wso, index_t sh,
+                                     index_t sw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups) {
     auto x = checked<float>(xo, "x", false);
     auto gy = checked<float>(gyo, "gy", false);
     auto gw = checked<float>(gwo, "gw", true);
     auto ws = checked<float>(wso, "ws", true);
-    const ConvGeom g = implicit_geom(x, gw, gy, ph, pw, dh, dw, groups, "x", "gy");
-    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, ph, pw, dh, dw, groups, 2),
+    const ConvGeom g = implicit_geom(x, gw, gy, sh, sw, ph, pw, dh, dw, groups, "x", "gy");
+    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, sh, sw, ph, pw, dh, dw,
+                                                  groups, 2),
                     "backward-filter");
     check_no_overlap(x, "x", gw, "gw");
     check_no_overlap(gy, "gy", gw, "gw");
     check_no_overlap(ws, "ws", gw, "gw");
     check_no_overlap(ws, "ws", x, "x");
     check_no_overlap(ws, "ws", gy, "gy");
-    Rows p{g.N, g.G, g.Cg, g.Og, (g.Cg + kL - 1) / kL, g.O, g.H + 2 * ph, g.W + 2 * pw, g.OH, g.OW, g.K(), {},
-           ws.data(), gy.data(), gw.mutable_data()};
+    Rows p{g.N, g.G, g.Cg, g.Og, (g.Cg + kL - 1) / kL, g.O, g.H + 2 * ph, g.W + 2 * pw, g.OH, g.OW, g.K(), sh, sw,
+           {}, ws.data(), gy.data(), gw.mutable_data()};
     for (index_t i = 0; i < g.kh; ++i)
         for (index_t j = 0; j < g.kw; ++j) p.off.push_back((i * dh * p.Wp + j * dw) * kL);
     const float* xs = x.data();

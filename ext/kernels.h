@@ -62,14 +62,15 @@ void conv2d_add_bias(py::object y, py::object b);
 bool conv2d_implicit_available();
 // Floats of workspace of a pass: role 0 forward, 1 backward-data, 2 backward-filter.
 index_t conv2d_implicit_workspace(index_t N, index_t C, index_t H, index_t W, index_t O, index_t kh,
-                                  index_t kw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups,
-                                  int role);
+                                  index_t kw, index_t sh, index_t sw, index_t ph, index_t pw, index_t dh,
+                                  index_t dw, index_t groups, int role);
 void conv2d_implicit_forward(py::object x, py::object w, py::object b, py::object y, py::object ws,
-                             index_t ph, index_t pw, index_t dh, index_t dw, index_t groups);
-void conv2d_implicit_backward_data(py::object gy, py::object w, py::object gx, py::object ws, index_t ph,
-                                   index_t pw, index_t dh, index_t dw, index_t groups);
-void conv2d_implicit_backward_filter(py::object x, py::object gy, py::object gw, py::object ws, index_t ph,
-                                     index_t pw, index_t dh, index_t dw, index_t groups);
+                             index_t sh, index_t sw, index_t ph, index_t pw, index_t dh, index_t dw,
+                             index_t groups);
+void conv2d_implicit_backward_data(py::object gy, py::object w, py::object gx, py::object ws, index_t sh,
+                                   index_t sw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups);
+void conv2d_implicit_backward_filter(py::object x, py::object gy, py::object gw, py::object ws, index_t sh,
+                                     index_t sw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups);
 
 // winograd.cpp -------------------------------------------------------------
 void winograd_filter_transform(py::object w, py::object u, bool flip);

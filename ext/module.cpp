@@ -150,30 +150,29 @@ PYBIND11_MODULE(_C, m) {
           "conv2d_add_bias(y, b) -> None\n\n"
           "y[:, c] += b[c] for y (N, C, *spatial) and b (C,), in place.");
 
-#define IMPLICIT_ARGS "ph"_a, "pw"_a, "dh"_a, "dw"_a, "groups"_a = 1
     m.def("conv2d_implicit_available", &minidnn::conv2d_implicit_available,
           "conv2d_implicit_available() -> bool\n\nWhether this CPU runs the implicit convolution "
           "(AVX-512F).");
     m.def("conv2d_implicit_workspace", &minidnn::conv2d_implicit_workspace, "N"_a, "C"_a, "H"_a, "W"_a,
-          "O"_a, "kh"_a, "kw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a, "groups"_a, "role"_a,
-          "conv2d_implicit_workspace(N, C, H, W, O, kh, kw, ph, pw, dh, dw, groups, role) -> int\n\n"
+          "O"_a, "kh"_a, "kw"_a, "sh"_a, "sw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a, "groups"_a, "role"_a,
+          "conv2d_implicit_workspace(N, C, H, W, O, kh, kw, sh, sw, ph, pw, dh, dw, groups, role) -> int\n\n"
           "Floats of workspace the implicit convolution of x (N, C, H, W) into O channels needs\n"
           "for role 0 (forward), 1 (backward-data) or 2 (backward-filter).");
     m.def("conv2d_implicit_forward", &minidnn::conv2d_implicit_forward, "x"_a, "w"_a, "b"_a, "y"_a,
-          "ws"_a, IMPLICIT_ARGS,
-          "conv2d_implicit_forward(x, w, b, y, ws, ph, pw, dh, dw, groups=1) -> None\n\n"
-          "Stride-1 convolution as an implicit GEMM over a zero-padded copy of x in ws (float32,\n"
-          "AVX-512): OVERWRITES y (N, O, OH, OW) with x (N, C, H, W) convolved by w\n"
-          "(O, C/groups, kh, kw), plus b (O,) unless None.");
+          "ws"_a, CONV_ARGS,
+          "conv2d_implicit_forward(x, w, b, y, ws, sh, sw, ph, pw, dh, dw, groups=1) -> None\n\n"
+          "Convolution as an implicit GEMM over a zero-padded copy of x in ws, split into stride\n"
+          "phases (float32, AVX-512): OVERWRITES y (N, O, OH, OW) with x (N, C, H, W) convolved\n"
+          "by w (O, C/groups, kh, kw), plus b (O,) unless None.");
     m.def("conv2d_implicit_backward_data", &minidnn::conv2d_implicit_backward_data, "gy"_a, "w"_a,
-          "gx"_a, "ws"_a, IMPLICIT_ARGS,
-          "conv2d_implicit_backward_data(gy, w, gx, ws, ph, pw, dh, dw, groups=1) -> None\n\n"
-          "OVERWRITES gx (N, C, H, W) with the stride-1 convolution's input gradient given gy;\n"
-          "needs padding <= dilation * (kernel - 1).");
+          "gx"_a, "ws"_a, CONV_ARGS,
+          "conv2d_implicit_backward_data(gy, w, gx, ws, sh, sw, ph, pw, dh, dw, groups=1) -> None\n\n"
+          "OVERWRITES gx (N, C, H, W) with the convolution's input gradient given gy; stride 1\n"
+          "and padding <= dilation * (kernel - 1) only.");
     m.def("conv2d_implicit_backward_filter", &minidnn::conv2d_implicit_backward_filter, "x"_a, "gy"_a,
-          "gw"_a, "ws"_a, IMPLICIT_ARGS,
-          "conv2d_implicit_backward_filter(x, gy, gw, ws, ph, pw, dh, dw, groups=1) -> None\n\n"
-          "OVERWRITES gw (O, C/groups, kh, kw) with the stride-1 convolution's filter gradient.");
+          "gw"_a, "ws"_a, CONV_ARGS,
+          "conv2d_implicit_backward_filter(x, gy, gw, ws, sh, sw, ph, pw, dh, dw, groups=1) -> None\n\n"
+          "OVERWRITES gw (O, C/groups, kh, kw) with the convolution's filter gradient.");
 
     m.def("winograd_filter_transform", &minidnn::winograd_filter_transform, "w"_a, "U"_a,
           "flip"_a = false,

@@ -223,37 +223,36 @@ def test_1x1_forward_and_data_allocate_nothing():
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_implicit_is_listed_where_it_applies(case):
-    """Stride 1, float32, on the CPU backend where the CPU has AVX-512F; the backward-data half only
+    """float32, on the CPU backend where the CPU has AVX-512F; the backward-data half only at stride 1
     where gy's padding d*(k-1) - p is not negative; never in what device-profile plans choose from."""
     for dtype in DTYPES:
         op, ins, in_specs, out_specs, gy = make(case, dtype)
         g = conv_algos.Geom.of(op, *in_specs[:2], out_specs[0])
         fwd = [a.name for a in CONV.algorithms(op, in_specs, out_specs, "forward")]
         bwd = [a.name for a in CONV.algorithms(op, in_specs, out_specs, "backward")]
-        applies = CONV.implicit and g.stride == (1, 1) and dtype == np.float32
+        applies = CONV.implicit and dtype == np.float32
         assert ("implicit" in fwd) == applies
         assert any(n.endswith("/implicit") for n in bwd) == applies
-        assert ("implicit" in bwd) == (applies and all(p <= d * (k - 1) for p, d, k in
-                                                       zip(g.padding, g.dilation, (g.kh, g.kw))))
+        assert ("implicit" in bwd) == (applies and g.stride == (1, 1) and all(
+            p <= d * (k - 1) for p, d, k in zip(g.padding, g.dilation, (g.kh, g.kw))))
         assert not [a for a in op.algorithms(in_specs, out_specs, "forward") if a.name == "implicit"]
         if applies:   # the planner's workspace is the kernels' own figure
             for role, pass_ in ((0, "forward"), (1, "data"), (2, "filter")):
                 if pass_ == "data" and "implicit" not in bwd:
                     continue
-                floats = _C.conv2d_implicit_workspace(g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, *g.padding,
-                                                      *g.dilation, g.groups, role)
+                floats = _C.conv2d_implicit_workspace(g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, *g.conv_args, role)
                 assert nbytes_of([((floats,), np.float32)]) == conv_algos.part_workspace(g, "implicit", pass_)
 
 
 @pytest.mark.skipif(not CONV.implicit, reason="this CPU has no AVX-512F")
 def test_implicit_rejects_what_it_does_not_run():
-    op, ins, in_specs, out_specs, gy = make("s2_p1", np.float32)
+    op, ins, in_specs, out_specs, gy = make("s2_p1", np.float32)      # backward-data: stride 1 only
     with pytest.raises(ValueError, match="does not apply"):
-        run(op, ins, out_specs, gy, "forward", conv_algos.Algo("implicit", 1 << 20))
+        run(op, ins, out_specs, gy, "backward", conv_algos.Algo("implicit", 1 << 20))
     op, ins, in_specs, out_specs, gy = make("3x3_odd_out", np.float32)
     y = np.empty(out_specs[0].shape, np.float32)
     with pytest.raises(ValueError, match="too small for the implicit forward"):
-        _C.conv2d_implicit_forward(ins[0], ins[1], None, y, np.empty(10, np.float32), 1, 1, 1, 1)
+        _C.conv2d_implicit_forward(ins[0], ins[1], None, y, np.empty(10, np.float32), 1, 1, 1, 1, 1, 1)
 
 
 # -------------------------------------------------------------- determinism

@@ -19,10 +19,11 @@ name                      forward / backward-data / backward-filter   workspace
                           per sample, NumPy matmul into the output    filter-sized partial)
 ``winograd``              F(2x2,3x3), 3x3 stride 1 groups 1:          16*(O*C + C*P + O*P)
                           forward and backward-data                   P = N*ceil(OH/2)*ceil(OW/2)
-``implicit``              stride 1, float32, CPUs with AVX-512: an    a zero-padded copy of the
-                          implicit GEMM over zero-padded planes       input (x; gy for the data
-                          (C++, FMA), all three passes                pass; x as rows of channels
-                                                                      for the filter pass)
+``implicit``              float32, CPUs with AVX-512: an implicit     a zero-padded copy of the
+                          GEMM over zero-padded planes (C++, FMA),    input (x in stride phases;
+                          all three passes (backward-data: stride 1)  gy for the data pass; x in
+                                                                      planes of 16 channels for
+                                                                      the filter pass)
 ========================  ==========================================  ==========================
 
 Every algorithm writes only its outputs and its workspace, is deterministic
@@ -82,10 +83,6 @@ class Geom:
         return (*self.stride, *self.padding, *self.dilation, self.groups)
 
     @property
-    def implicit_args(self):   # the implicit kernels' (ph, pw, dh, dw, groups): stride is 1
-        return (*self.padding, *self.dilation, self.groups)
-
-    @property
     def is_1x1(self):
         return (self.kh, self.kw) == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
 
@@ -99,13 +96,13 @@ class Geom:
         return self.is_winograd and max(self.padding) <= 2
 
     @property
-    def implicit(self):        # the C++ kernels: float32, stride 1, taps of at most 32x32
-        return self.stride == (1, 1) and self.dtype == np.float32 and self.direct
+    def implicit(self):        # the C++ kernels: float32, taps of at most 32x32
+        return self.dtype == np.float32 and self.direct
 
     @property
-    def implicit_data(self):   # backward-data pads gy by d*(k-1) - p
-        return self.implicit and all(p <= d * (k - 1) for p, d, k in zip(self.padding, self.dilation,
-                                                                              (self.kh, self.kw)))
+    def implicit_data(self):   # backward-data: stride 1, gy padded by d*(k-1) - p
+        return self.implicit and self.stride == (1, 1) and all(
+            p <= d * (k - 1) for p, d, k in zip(self.padding, self.dilation, (self.kh, self.kw)))
 
     @property
     def direct(self):          # the C++ kernel keeps per-row tap tables of 32 entries
@@ -179,9 +176,10 @@ def _wino_data(g):
 
 
 def _implicit_rows(g, role):
-    """(rows, width, padded width) of the plane the implicit forward or data pass writes."""
+    """(rows, width, width of the padded rows) of the plane the implicit forward or data pass
+    writes; the forward's padded rows are split into stride phases."""
     if role == "forward":
-        return g.oh, g.ow, g.w + 2 * g.padding[1]
+        return g.oh, g.ow, -(-(g.w + 2 * g.padding[1]) // g.stride[1])
     return g.h, g.w, g.ow + 2 * (g.dilation[1] * (g.kw - 1) - g.padding[1])
 
 
@@ -204,7 +202,8 @@ def _implicit(g, role):
     temp = -(-g.n * rows * width // 6) * 6 * 64 if _implicit_channels(g, role) else 0
     extra = 5 * 16 + (g.kw - 1) * g.dilation[1] + temp + g.o * (g.c // g.groups) * g.kh * g.kw
     if role == "forward":
-        return [((g.n * g.c * hp * wp + extra,), g.dtype)]
+        phases = -(-hp // g.stride[0]) * -(-wp // g.stride[1]) * g.stride[0] * g.stride[1]
+        return [((g.n * g.c * phases + extra,), g.dtype)]
     qh, qw = (d * (k - 1) - p for d, k, p in zip(g.dilation, (g.kh, g.kw), g.padding))
     return [((g.n * g.o * (g.oh + 2 * qh) * (g.ow + 2 * qw) + extra,), g.dtype)]
 
@@ -335,15 +334,16 @@ def _implicit_speed(g, role):
     each vector is padding, on small planes (vectors of channels), or with fewer than 16 channels
     to sum or to fill the vectors."""
     cg, og = g.c // g.groups, g.o // g.groups
+    strided = 1.6 if g.stride != (1, 1) else 1.0    # the phase split; measured no faster than lanes
     if role == "filter":
         filled = cg / (16 * -(-cg // 16))
-        return (0.55 if g.oh * g.ow >= 16 * 16 else 1.3) / filled
+        return (0.55 if g.oh * g.ow >= 16 * 16 else 1.3) / filled * strided
     rows, width, wp = _implicit_rows(g, role)
     if _implicit_channels(g, role):
         sp = 1.0 if rows * width >= 8 * 8 else 1.3
     else:
         sp = 0.5 / (rows * width / (16 * -(-rows * wp // 16))) ** 2
-    return sp * (2.0 if (cg if role == "forward" else og) < 16 else 1.0)
+    return sp * (2.0 if (cg if role == "forward" else og) < 16 else 1.0) * strided
 
 
 def _part_speed(g, part, role):
@@ -414,7 +414,7 @@ def forward(op, k, x, w, b, y, ws, name, lanes=None):
     elif fam == "direct":
         k.conv2d_direct_forward(x, w, b, y, *g.conv_args)
     elif fam == "implicit":
-        k.conv2d_implicit_forward(x, w, b, y, carve(ws, _implicit(g, "forward"))[0], *g.implicit_args)
+        k.conv2d_implicit_forward(x, w, b, y, carve(ws, _implicit(g, "forward"))[0], *g.conv_args)
     elif fam == "gemm1x1":
         gr = g.groups
         np.matmul(w.reshape(gr, g.o // gr, g.c // gr), x.reshape(g.n, gr, g.c // gr, g.h * g.w),
@@ -444,7 +444,7 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
         elif fd == "direct":
             k.conv2d_direct_backward_data(gy, w, gx, *g.conv_args)
         elif fd == "implicit":
-            k.conv2d_implicit_backward_data(gy, w, gx, carve(ws, _implicit(g, "data"))[0], *g.implicit_args)
+            k.conv2d_implicit_backward_data(gy, w, gx, carve(ws, _implicit(g, "data"))[0], *g.conv_args)
         elif fd == "gemm1x1":
             gr = g.groups
             w3 = w.reshape(gr, g.o // gr, g.c // gr)
@@ -464,7 +464,7 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
                 k.conv2d_direct_backward_filter(x, gy, gw, *g.conv_args)
             elif gw is not None:
                 k.conv2d_implicit_backward_filter(x, gy, gw, carve(ws, _implicit(g, "filter"))[0],
-                                                  *g.implicit_args)
+                                                  *g.conv_args)
             if gb is not None:
                 k.conv2d_bias_grad(gy, gb)
         else:  # gemm1x1: one GEMM per sample, summed in sample order
