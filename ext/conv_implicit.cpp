@@ -366,10 +366,11 @@ void pad_blocks(const float* x, float* xr, const Rows& p, index_t H, index_t W, 
         float* d = xr + b * HpWp * kL;
         std::memset(d, 0, sizeof(float) * HpWp * kL);
         const index_t c0 = cb * kL, lanes = std::min<index_t>(kL, p.Cg - c0);
-        for (index_t l = 0; l < lanes; ++l) {
-            const float* s = x + ((n * p.G + gi) * p.Cg + c0 + l) * H * W;
-            for (index_t h = 0; h < H; ++h)
-                for (index_t w = 0; w < W; ++w) d[((h + ph) * p.Wp + w + pw) * kL + l] = s[h * W + w];
+        const float* s = x + ((n * p.G + gi) * p.Cg + c0) * H * W;
+        for (index_t h = 0; h < H; ++h) {            // row by row: the writes stay within one row
+            float* row = d + ((h + ph) * p.Wp + pw) * kL;
+            for (index_t l = 0; l < lanes; ++l)
+                for (index_t w = 0; w < W; ++w) row[w * kL + l] = s[(l * H + h) * W + w];
         }
     }
 }
