@@ -263,13 +263,7 @@ void forward_t(py::handle xo, py::handle wo, py::handle bo, py::handle yo, index
     auto w = checked<T>(wo, "w", false);
     auto y = checked<T>(yo, "y", true);
     const ConvGeom g = conv_geom(x, w, y, sh, sw, ph, pw, dh, dw, groups, "x", "y");
-    const T* bp = nullptr;
-    if (!bo.is_none()) {
-        auto b = checked<T>(bo, "b", false);
-        check_shape(b, "b", {g.O});
-        check_no_overlap(b, "b", y, "y");
-        bp = b.data();
-    }
+    const T* bp = checked_bias<T>(bo, g.O, y);
     check_no_overlap(x, "x", y, "y");
     check_no_overlap(w, "w", y, "y");
     const bool flat = use_flat(g);

@@ -393,5 +393,16 @@ ConvGeom conv_geom(const py::array& x, const py::array& w, const py::array& y, i
     return g;
 }
 
+// The optional bias b (O,) added to y's channels, checked; null where b is None. The pointer stays
+// valid while the caller holds b.
+template <typename T>
+const T* checked_bias(py::handle bo, index_t O, const py::array& y) {
+    if (bo.is_none()) return nullptr;
+    auto b = checked<T>(bo, "b", false);
+    check_shape(b, "b", {O});
+    check_no_overlap(b, "b", y, "y");
+    return b.data();
+}
+
 }  // namespace
 }  // namespace minidnn

@@ -487,10 +487,32 @@ ConvGeom implicit_geom(const py::array& x, const py::array& w, const py::array& 
     return conv_geom(x, w, y, sh, sw, ph, pw, dh, dw, groups, xn, yn);
 }
 
-void check_workspace(const py::array& ws, index_t floats, const char* what) {
+// One pass's arrays, each checked: two read, one written, the workspace.
+struct Arrays {
+    py::array_t<float, py::array::c_style> a, b, out, ws;
+};
+
+Arrays checked_arrays(py::handle a, const char* an, py::handle b, const char* bn, py::handle out, const char* on,
+                      py::handle ws) {
+    return {checked<float>(a, an, false), checked<float>(b, bn, false), checked<float>(out, on, true),
+            checked<float>(ws, "ws", true)};
+}
+
+// The workspace holds what the pass (role 0 forward, 1 backward-data, 2 backward-filter) needs, and
+// neither it nor the output overlaps anything else.
+void check_pass(const ConvGeom& g, int role, const py::array& ws, const py::array& out, const char* on,
+                std::initializer_list<std::pair<const py::array*, const char*>> ins) {
+    static const char* const what[] = {"forward", "backward-data", "backward-filter"};
+    const index_t floats = conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
+                                                     g.dh, g.dw, g.G, role);
     require(ws.size() >= floats, std::string("workspace of ") + std::to_string(ws.size()) +
-                                     " floats is too small for the implicit " + what + " (needs " +
+                                     " floats is too small for the implicit " + what[role] + " (needs " +
                                      std::to_string(floats) + ")");
+    check_no_overlap(ws, "ws", out, on);
+    for (const auto& [a, n] : ins) {
+        check_no_overlap(*a, n, out, on);
+        check_no_overlap(ws, "ws", *a, n);
+    }
 }
 
 // The forward's input planes: padded (Hp, Wp), split into sh x sw phases of (Hq, Wq).
@@ -535,23 +557,10 @@ index_t conv2d_implicit_workspace(index_t N, index_t C, index_t H, index_t W, in
 void conv2d_implicit_forward(py::object xo, py::object wo, py::object bo, py::object yo, py::object wso,
                              index_t sh, index_t sw, index_t ph, index_t pw, index_t dh, index_t dw,
                              index_t groups) {
-    auto x = checked<float>(xo, "x", false);
-    auto w = checked<float>(wo, "w", false);
-    auto y = checked<float>(yo, "y", true);
-    auto ws = checked<float>(wso, "ws", true);
+    auto [x, w, y, ws] = checked_arrays(xo, "x", wo, "w", yo, "y", wso);
     const ConvGeom g = implicit_geom(x, w, y, sh, sw, ph, pw, dh, dw, groups, "x", "y");
-    const float* bias = nullptr;
-    if (!bo.is_none()) {
-        auto b = checked<float>(bo, "b", false);
-        check_shape(b, "b", {g.O});
-        bias = b.data();
-    }
-    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, sh, sw, ph, pw, dh, dw,
-                                                  groups, 0),
-                    "forward");
-    check_no_overlap(x, "x", y, "y");
-    check_no_overlap(ws, "ws", y, "y");
-    check_no_overlap(ws, "ws", x, "x");
+    const float* bias = checked_bias<float>(bo, g.O, y);
+    check_pass(g, 0, ws, y, "y", {{&x, "x"}, {&w, "w"}});
     const Phases f(g.H, g.W, sh, sw, ph, pw);
     float* pad = ws.mutable_data();
     Plane p{g.N, g.G, g.Cg, g.Og, f.cs, f.Wq, g.OH, g.OW, g.K(), plane_offsets(g, f), w.data(), 0,
@@ -568,20 +577,12 @@ void conv2d_implicit_forward(py::object xo, py::object wo, py::object bo, py::ob
 
 void conv2d_implicit_backward_data(py::object gyo, py::object wo, py::object gxo, py::object wso, index_t sh,
                                    index_t sw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups) {
-    auto gy = checked<float>(gyo, "gy", false);
-    auto w = checked<float>(wo, "w", false);
-    auto gx = checked<float>(gxo, "gx", true);
-    auto ws = checked<float>(wso, "ws", true);
+    auto [gy, w, gx, ws] = checked_arrays(gyo, "gy", wo, "w", gxo, "gx", wso);
     require(sh == 1 && sw == 1, "the implicit backward-data runs stride 1 only");
     const ConvGeom g = implicit_geom(gx, w, gy, 1, 1, ph, pw, dh, dw, groups, "gx", "gy");
     const index_t qh = dh * (g.kh - 1) - ph, qw = dw * (g.kw - 1) - pw;   // gy's padding
     require(qh >= 0 && qw >= 0, "the implicit backward-data needs padding <= dilation * (kernel - 1)");
-    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, 1, 1, ph, pw, dh, dw,
-                                                  groups, 1),
-                    "backward-data");
-    check_no_overlap(gy, "gy", gx, "gx");
-    check_no_overlap(ws, "ws", gx, "gx");
-    check_no_overlap(ws, "ws", gy, "gy");
+    check_pass(g, 1, ws, gx, "gx", {{&gy, "gy"}, {&w, "w"}});
     // gx[c] = sum over o, taps t of w[o, c, K-1-t] * gy_padded[o, q + off[t]]
     const Phases f(g.OH, g.OW, 1, 1, qh, qw);
     float* pad = ws.mutable_data();
@@ -596,19 +597,9 @@ void conv2d_implicit_backward_data(py::object gyo, py::object wo, py::object gxo
 
 void conv2d_implicit_backward_filter(py::object xo, py::object gyo, py::object gwo, py::object wso, index_t sh,
                                      index_t sw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups) {
-    auto x = checked<float>(xo, "x", false);
-    auto gy = checked<float>(gyo, "gy", false);
-    auto gw = checked<float>(gwo, "gw", true);
-    auto ws = checked<float>(wso, "ws", true);
+    auto [x, gy, gw, ws] = checked_arrays(xo, "x", gyo, "gy", gwo, "gw", wso);
     const ConvGeom g = implicit_geom(x, gw, gy, sh, sw, ph, pw, dh, dw, groups, "x", "gy");
-    check_workspace(ws, conv2d_implicit_workspace(g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, sh, sw, ph, pw, dh, dw,
-                                                  groups, 2),
-                    "backward-filter");
-    check_no_overlap(x, "x", gw, "gw");
-    check_no_overlap(gy, "gy", gw, "gw");
-    check_no_overlap(ws, "ws", gw, "gw");
-    check_no_overlap(ws, "ws", x, "x");
-    check_no_overlap(ws, "ws", gy, "gy");
+    check_pass(g, 2, ws, gw, "gw", {{&x, "x"}, {&gy, "gy"}});
     Rows p{g.N, g.G, g.Cg, g.Og, (g.Cg + kL - 1) / kL, g.O, g.H + 2 * ph, g.W + 2 * pw, g.OH, g.OW, g.K(), sh, sw,
            {}, ws.data(), gy.data(), gw.mutable_data()};
     for (index_t i = 0; i < g.kh; ++i)
