@@ -1,6 +1,6 @@
 """Training-step time of minidnn vs PyTorch on the CPU, measured in one run.
 
-    python scripts/bench_cpu.py [--steps 7] [--batch-size 32] [--threads 2]
+    python scripts/bench_cpu.py [--steps 7] [--batch-size 32] [--threads 2] [--without-implicit]
 
 For ResNet-18 (CIFAR variant) and VGG-11 at 3x32x32, both frameworks train
 the same network (minidnn's weights copied into PyTorch's) with SGD+momentum,
@@ -18,6 +18,7 @@ import numpy as np
 
 import minidnn
 from minidnn import models, nn, optim
+from minidnn.backend.cpu import CPUBackend
 
 
 def torch_resnet18_cifar(tnn, num_classes=10):
@@ -87,29 +88,33 @@ def torch_vgg11(tnn, num_classes=10, image_size=32):
     return Net()
 
 
-def median_steps(a, b, steps, warmup=2):
-    """Median step times of ``a`` and ``b``, their steps alternated so that drift of a noisy
-    machine weighs on both alike."""
+def median_steps(fns, steps, warmup=2):
+    """Median step times of each of ``fns``, their steps alternated so that drift of a noisy
+    machine weighs on all alike."""
     for _ in range(warmup):
-        a()
-        b()
-    times = {a: [], b: []}
+        for f in fns:
+            f()
+    times = [[] for _ in fns]
     for _ in range(steps):
-        for f in (a, b):
+        for f, ts in zip(fns, times):
             t = time.perf_counter()
             f()
-            times[f].append(time.perf_counter() - t)
-    return statistics.median(times[a]), statistics.median(times[b])
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
 
 
-def bench(name, mdn_net, torch_net, batch, steps, torch):
+def bench(name, make_net, torch_net, batch, steps, torch, without_implicit):
     shape = (batch, 3, 32, 32)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, 10, batch)
-    mdn_net.init_parameters(0)
-    torch_net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in mdn_net.state_dict().items()})
-    trainer = minidnn.compile(mdn_net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9))
+    devices = ["cpu"] + ([CPUBackend(implicit=False)] if without_implicit else [])
+    trainers = []
+    for device in devices:
+        net = make_net().init_parameters(0)
+        trainers.append(minidnn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
+                                        device=device))
+    torch_net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
     opt = torch.optim.SGD(torch_net.parameters(), lr=0.01, momentum=0.9)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
@@ -119,10 +124,13 @@ def bench(name, mdn_net, torch_net, batch, steps, torch):
         loss.backward()
         opt.step()
 
-    t_mdn, t_torch = median_steps(lambda: trainer.step(x, y), torch_step, steps)
-    print(f"{name:<18} batch {batch:>3}  minidnn {t_mdn * 1e3:8.1f} ms  PyTorch {t_torch * 1e3:8.1f} ms  "
-          f"ratio {t_mdn / t_torch:5.2f}", flush=True)
-    return t_mdn / t_torch
+    *t_mdn, t_torch = median_steps([lambda t=t: t.step(x, y) for t in trainers] + [torch_step], steps)
+    line = (f"{name:<18} batch {batch:>3}  minidnn {t_mdn[0] * 1e3:8.1f} ms  PyTorch {t_torch * 1e3:8.1f} ms  "
+            f"ratio {t_mdn[0] / t_torch:5.2f}")
+    if without_implicit:
+        line += f"  | without implicit {t_mdn[1] * 1e3:8.1f} ms  ratio {t_mdn[1] / t_torch:5.2f}"
+    print(line, flush=True)
+    return t_mdn[0] / t_torch
 
 
 def main():
@@ -130,16 +138,17 @@ def main():
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--without-implicit", action="store_true",
+                    help="also time minidnn without its implicit convolution algorithm, steps alternated")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(args.threads)
     print(f"minidnn {minidnn.__version__}, PyTorch {torch.__version__}, {args.threads} threads, "
           f"median of {args.steps} steps after 2 warm-up steps")
-    bench("ResNet-18 (CIFAR)", models.get("resnet18_cifar", num_classes=10), torch_resnet18_cifar(torch.nn),
-          args.batch_size, args.steps, torch)
-    bench("VGG-11", models.get("vgg11", num_classes=10, image_size=32), torch_vgg11(torch.nn),
-          args.batch_size, args.steps, torch)
-
+    bench("ResNet-18 (CIFAR)", lambda: models.get("resnet18_cifar", num_classes=10), torch_resnet18_cifar(torch.nn),
+          args.batch_size, args.steps, torch, args.without_implicit)
+    bench("VGG-11", lambda: models.get("vgg11", num_classes=10, image_size=32), torch_vgg11(torch.nn),
+          args.batch_size, args.steps, torch, args.without_implicit)
 
 if __name__ == "__main__":
     main()

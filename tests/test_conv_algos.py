@@ -244,6 +244,19 @@ def test_implicit_is_listed_where_it_applies(case):
                 assert nbytes_of([((floats,), np.float32)]) == conv_algos.part_workspace(g, "implicit", pass_)
 
 
+def test_a_backend_without_implicit_lists_none(monkeypatch):
+    from minidnn.backend.cpu import CPUBackend
+    from minidnn.errors import BackendUnavailable
+    op, ins, in_specs, out_specs, gy = make("3x3_odd_out", np.float32)
+    be = CPUBackend(implicit=False)
+    for pass_ in ("forward", "backward"):
+        assert not [a for a in be.conv.algorithms(op, in_specs, out_specs, pass_) if "implicit" in a.name]
+    monkeypatch.setattr(conv_algos, "implicit_available", lambda: False)
+    with pytest.raises(BackendUnavailable, match="AVX-512F"):
+        CPUBackend(implicit=True)
+    assert not CPUBackend().conv.implicit
+
+
 @pytest.mark.skipif(not CONV.implicit, reason="this CPU has no AVX-512F")
 def test_implicit_rejects_what_it_does_not_run():
     op, ins, in_specs, out_specs, gy = make("s2_p1", np.float32)      # backward-data: stride 1 only

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import BackendUnavailable
 from .base import Algo, carve, nbytes_of
 
 DEFAULT = "im2col"
@@ -534,8 +535,12 @@ class Convolutions:
     """The CPU backend's convolution algorithms, with the lanes that run their lane variants."""
 
     def __init__(self, lanes, implicit=None):
+        """``implicit``: list the implicit algorithm (None: where this CPU runs it)."""
         self.lanes = lanes
-        self.implicit = implicit_available() if implicit is None else implicit
+        if implicit and not implicit_available():
+            raise BackendUnavailable("the implicit convolution needs a CPU with AVX-512F and minidnn's built "
+                                     "kernels; this one has not")
+        self.implicit = implicit_available() if implicit is None else bool(implicit)
 
     def algorithms(self, op, in_specs, out_specs, pass_) -> list:
         """``op``'s algorithms on this backend: a Conv2d's lane variants too."""
