@@ -55,30 +55,32 @@ class SGD(Optimizer):
         return (2 if self.nesterov else 1) * spec.nbytes
 
     def update(self, p, g, states, ws, t):
+        # each array op is one pass over memory: the step is formed where it is needed, never copied
         d = _scratch(ws, p)
         dt = p.dtype.type
+        grad = g
         if self.weight_decay:
             np.multiply(p, dt(self.weight_decay), out=d)
             d += g
-        else:
-            np.copyto(d, g)
+            grad = d
+        step = grad
         if self.momentum:
             (buf,) = states
             if t == 1:
-                np.copyto(buf, d)
+                np.copyto(buf, grad)
             else:
                 buf *= dt(self.momentum)
                 if self.dampening:
-                    buf += dt(1 - self.dampening) * d
+                    buf += dt(1 - self.dampening) * grad
                 else:
-                    buf += d
+                    buf += grad
+            step = buf
             if self.nesterov:
                 e = ws[p.nbytes:2 * p.nbytes].view(p.dtype).reshape(p.shape)
                 np.multiply(buf, dt(self.momentum), out=e)
-                d += e
-            else:
-                np.copyto(d, buf)
-        d *= dt(self.lr)
+                np.add(grad, e, out=d)
+                step = d
+        np.multiply(step, dt(self.lr), out=d)
         p -= d
 
 

@@ -200,3 +200,23 @@ def test_predict_matches_torch_eval_after_training(name):
     # eval mode moved no statistics
     for k, v in net.state_dict().items():
         assert np.array_equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("hp", [dict(), dict(weight_decay=0.1), dict(momentum=0.5), dict(momentum=0.9, dampening=0.3),
+                                dict(momentum=0.9, nesterov=True, weight_decay=1e-2)],
+                         ids=["plain", "decay", "momentum", "dampening", "nesterov"])
+def test_sgd_update_matches_torch_for_every_option(hp):
+    """Four updates of one float64 parameter, option by option, agree with torch.optim.SGD to rounding."""
+    rng = np.random.default_rng(0)
+    o = optim.SGD(lr=0.1, **hp)
+    p = rng.standard_normal(50)
+    tp = torch.tensor(p.copy(), requires_grad=True)
+    to = torch.optim.SGD([tp], lr=0.1, **hp)
+    states = [np.zeros_like(p)] if o.momentum else []
+    ws = np.zeros(o.workspace(minidnn.graph.Spec(p.shape, p.dtype)), np.uint8)
+    for t in range(1, 5):
+        g = rng.standard_normal(50)
+        o.update(p, g, states, ws, t)
+        tp.grad = torch.tensor(g)
+        to.step()
+    np.testing.assert_allclose(p, tp.detach().numpy(), rtol=1e-14, atol=1e-15)
