@@ -130,6 +130,26 @@ def test_segments_are_planned_where_the_greedy_recomputes_much():
     assert auto.predicted_overhead < 0.2
 
 
+def test_segments_are_planned_where_the_greedy_stalls_much(resnet50):
+    """ResNet-50 at batch 256 in 6 GiB on the V100 profile: the greedy's plan offloads and stalls
+    (+304% predicted when segments were planned only where it recomputed much); sqrt(n) segments with
+    their recomputations offloaded where the stream has room are planned too: below +40%."""
+    plan = plan_memory(resnet50, MemoryConfig(budget="6GiB", profile="v100-16gb"))
+    assert plan.peak_bytes <= plan.budget and plan.policy == "auto"
+    assert plan.predicted_overhead < 0.4
+
+
+def test_segments_are_not_planned_where_their_first_lowering_is_too_long():
+    """A 1001-layer ResNet's segments would be lowered into millions of steps (a minute of planning):
+    their rework exceeds the planner's limit, ResNet-50's does not."""
+    from minidnn.memory.baselines import CheckpointSqrt
+    from minidnn.memory.planner import SQRT_REWORK
+    with shapes_only():
+        deep = training_schedule(models.get("resnet_deep", depth=1001), (16, 3, 224, 224))[1]
+    r50 = schedule_of("resnet50", (256, 3, 224, 224))
+    assert CheckpointSqrt().rework(deep, touches(deep)) > SQRT_REWORK >= CheckpointSqrt().rework(r50, touches(r50))
+
+
 def test_a_tight_budget_gets_the_shorter_copy_timing():
     """ResNet-1001 at batch 16 in 6 GiB (Titan X profile): the queued timing's long holds and early
     prefetches do not fit beside everything else and still stall (+27% predicted when it was the only

@@ -230,6 +230,17 @@ class CheckpointSqrt(_Baseline):
         ev = self.decisions(schedule, touch)
         return ev if live_bytes(schedule, ev, touch, algos) <= limit else None
 
+    def rework(self, schedule, touch) -> float:
+        """About how many recompute steps the segments cost per schedule step, lowered without a
+        horizon (each value the backward reads restores its chain from the segment's start): the
+        square of each segment's forward length, halved, over the schedule's length."""
+        cuts, _ = self.cuts(schedule, touch)
+        ends = [s.index for s in schedule.steps if s.kind == "forward"]
+        if not ends:
+            return 0.0
+        bounds = [ends[0]] + cuts + [ends[-1]]
+        return sum((b - a) ** 2 / 2 for a, b in zip(bounds, bounds[1:])) / len(schedule.steps)
+
     @staticmethod
     def cuts(schedule, touch):
         """Schedule indices of the forward steps after which a segment ends, and the bytes crossing

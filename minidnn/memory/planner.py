@@ -353,12 +353,15 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     for variant in policy_variants(policy, cost):
         fitted(variant, convert=isinstance(variant, AutoPolicy) and variant.hybrid)
     hybrid = isinstance(policy, AutoPolicy) and policy.hybrid
-    if hybrid and best is not None and best.simulation.recompute_seconds > 0.1 * baseline.seconds:
-        # where the greedy recomputes a tenth of a step and more (copies hide little: a fast GPU
+    sqrt = CheckpointSqrt()
+    if (hybrid and best is not None and best.simulation.seconds > 1.1 * baseline.seconds
+            and sqrt.rework(schedule, touch) <= SQRT_REWORK):
+        # where the greedy's plan costs a tenth of a step and more (copies hide little: a fast GPU
         # on a slow link), Chen et al.'s sqrt(n) segments are planned too, their recomputations
         # offloaded where the copy stream has room (not pruned: their first lowering recomputes
-        # chains again and again, which the horizon search then removes)
-        fitted(CheckpointSqrt(), convert=True, prune=False)
+        # chains again and again, which the horizon search then removes) - unless that first
+        # lowering would be too long to plan in seconds (a thousand-layer network's)
+        fitted(sqrt, convert=True, prune=False)
     if best is not None:
         return best
     least = minimum_plan(schedule, cost, touch, build, options)
@@ -372,6 +375,12 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
             f"own minimum is {format_bytes(least.peak_bytes)} ({least.peak_bytes} B): use policy 'auto' or a "
             f"larger budget", least.peak_bytes, budget)
     return least
+
+
+# The most recompute steps per schedule step (CheckpointSqrt.rework) that planning sqrt(n)
+# segments may start from: VGG-16, ResNet-50/101/152, GoogLeNet and DenseNet-121 have 1.1-3.4,
+# a 1001-layer ResNet 10 (its first lowering has 3.2 million steps and takes a minute).
+SQRT_REWORK = 6.0
 
 
 def policy_variants(policy, cost):
