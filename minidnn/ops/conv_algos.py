@@ -192,21 +192,14 @@ def _implicit_channels(g, role):
 
 
 def _implicit(g, role):
-    """The implicit convolution's workspace: a zero-padded copy of its input, (N, C, Hp, Wp) of x or
-    (N, O, ., .) of gy padded by d*(k-1) - p, with the vector loads' slack past the planes, the
-    partial sums of blocks of 6 positions x 64 channels where channels are vectorized, and the
-    filter laid out for the kernel; or, for the filter pass, x as padded planes of 16 channels."""
-    hp, wp = g.h + 2 * g.padding[0], g.w + 2 * g.padding[1]
-    if role == "filter":
-        return [((g.n * g.groups * -(-(g.c // g.groups) // 16) * 16 * hp * wp,), g.dtype)]
-    rows, width, _ = _implicit_rows(g, role)
-    temp = -(-g.n * rows * width // 6) * 6 * 64 if _implicit_channels(g, role) else 0
-    extra = 5 * 16 + (g.kw - 1) * g.dilation[1] + temp + g.o * (g.c // g.groups) * g.kh * g.kw
-    if role == "forward":
-        phases = -(-hp // g.stride[0]) * -(-wp // g.stride[1]) * g.stride[0] * g.stride[1]
-        return [((g.n * g.c * phases + extra,), g.dtype)]
-    qh, qw = (d * (k - 1) - p for d, k, p in zip(g.dilation, (g.kh, g.kw), g.padding))
-    return [((g.n * g.o * (g.oh + 2 * qh) * (g.ow + 2 * qw) + extra,), g.dtype)]
+    """The implicit convolution's workspace, as its kernels size it: a zero-padded copy of its input
+    (x in stride phases, or gy padded by d*(k-1) - p) with the vector loads' slack, the partial sums
+    where channels are vectorized, and the filter laid out for the kernel; or, for the filter pass,
+    x as padded planes of 16 channels."""
+    from .. import _C
+    role_index = {"forward": 0, "data": 1, "filter": 2}[role]
+    return [((_C.conv2d_implicit_workspace(g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, *g.conv_args, role_index),),
+             g.dtype)]
 
 
 def _lane_chunks(n, k, p):
