@@ -16,7 +16,7 @@ reach the last one are dead code: they run forward but get no gradient.
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -318,6 +318,7 @@ def check_dag_under_budget(spec, seed, fraction):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=dags(), seed=st.integers(0, 2**16), fraction=st.sampled_from([0.0, 0.3, 0.7]))
+@example(spec=[("conv", 0), ("conv", 1), ("relu", 0)], seed=0, fraction=0.0)   # sqrt(n) segments cannot restore
 def test_random_dag_under_budget(spec, seed, fraction):
     check_dag_under_budget(spec, seed, fraction)
 

@@ -228,7 +228,11 @@ class CheckpointSqrt(_Baseline):
 
     def evictions(self, schedule, limit, cost, touch, algos=None):
         ev = self.decisions(schedule, touch)
-        return ev if live_bytes(schedule, ev, touch, algos) <= limit else None
+        try:
+            need = live_bytes(schedule, ev, touch, algos)
+        except ValueError:       # a dropped value's chain starts at a value no longer on the device
+            return None          # (a graph input after its last use): the rule has no plan here
+        return ev if need <= limit else None
 
     def rework(self, schedule, touch) -> float:
         """About how many recompute steps the segments cost per schedule step, lowered without a
