@@ -238,7 +238,9 @@ def cmd_info(args):
         threads = _C.get_num_threads() if hasattr(_C, "get_num_threads") else "?"
         openmp = getattr(_C, "has_openmp", False)
         openmp = "OpenMP" if (openmp() if callable(openmp) else openmp) else "no OpenMP"
-        print(f"cpu backend: available; extension {_C.__file__} ({openmp}, {threads} threads)")
+        implicit = "implicit convolutions (AVX-512F)" if _C.conv2d_implicit_available() else \
+            "no implicit convolutions (the CPU lacks AVX-512F)"
+        print(f"cpu backend: available; extension {_C.__file__} ({openmp}, {threads} threads, {implicit})")
     except ImportError as e:
         print(f"cpu backend: extension missing ({e})")
     from .backend.cuda import status       # imports CuPy and the cuDNN binding if present; no GPU needed

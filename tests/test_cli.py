@@ -292,6 +292,8 @@ def test_info_lists_versions_and_backends(capsys):
     assert rc == 0
     assert "numpy" in out and "python" in out and "cpu backend" in out and "cuda backend" in out
     assert "cuDNN" in out and "torch" in out
+    from minidnn import _C
+    assert ("no implicit convolutions" in out) != _C.conv2d_implicit_available()
 
 
 def test_train_sub_batching_choices_reach_the_memory_config(capsys, tmp_path):
