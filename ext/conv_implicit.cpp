@@ -336,8 +336,12 @@ void run_plane(Plane& p) {
         return;
     }
     plane_tables(p);
-    relayout(p, false);
-    p.w = p.wr, p.wbase = 0, p.wg = p.Co * p.Ci * p.K, p.so = p.Ci * p.K, p.si = p.K, p.st = 1;
+    const bool laid_out = p.wbase == 0 && p.st == 1 && p.si == p.K && p.so == p.Ci * p.K &&
+                          p.wg == p.Co * p.Ci * p.K;   // the forward's w already is
+    if (!laid_out) {
+        relayout(p, false);
+        p.w = p.wr, p.wbase = 0, p.wg = p.Co * p.Ci * p.K, p.so = p.Ci * p.K, p.si = p.K, p.st = 1;
+    }
     plane_items<6, 4>(p);
 #else
     (void)p;
