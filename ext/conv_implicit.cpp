@@ -91,31 +91,10 @@ void plane_tables(Plane& p) {
     }
 }
 
-// Copies src (N, C, H, W) into dst (N, C, H + 2*ph, W + 2*pw) with zero borders, and zeroes
-// the slack after it.
-void pad_planes(const float* src, float* dst, index_t NC, index_t H, index_t W, index_t ph, index_t pw,
-                index_t extra) {
-    const index_t Hp = H + 2 * ph, Wp = W + 2 * pw;
-    MINIDNN_OMP_FOR(NC * Hp * Wp >= kParallelGrain && NC > 1)
-    for (index_t nc = 0; nc < NC; ++nc) {
-        float* d = dst + nc * Hp * Wp;
-        const float* s = src + nc * H * W;
-        std::memset(d, 0, sizeof(float) * ph * Wp);
-        for (index_t h = 0; h < H; ++h) {
-            float* row = d + (h + ph) * Wp;
-            std::memset(row, 0, sizeof(float) * pw);
-            std::memcpy(row + pw, s + h * W, sizeof(float) * W);
-            std::memset(row + pw + W, 0, sizeof(float) * pw);
-        }
-        std::memset(d + (H + ph) * Wp, 0, sizeof(float) * ph * Wp);
-    }
-    std::memset(dst + NC * Hp * Wp, 0, sizeof(float) * extra);
-}
-
-// For stride (sh, sw): src (N, C, H, W) padded by (ph, pw), split into sh*sw phase planes of
-// Hq x Wq, phase (a, b) holding the padded pixels (u*sh + a, v*sw + b), then the slack zeroed.
-// A tap (i, j) of output (oh, ow) reads phase ((i*dh) % sh, (j*dw) % sw) at
-// (oh + i*dh / sh, ow + j*dw / sw): a stride-1 access on a plane of rows Wq wide.
+// src (N, C, H, W) padded by (ph, pw) and split into sh*sw phase planes of Hq x Wq, phase (a, b)
+// holding the padded pixels (u*sh + a, v*sw + b); then the slack after them zeroed. A tap (i, j)
+// of output (oh, ow) reads phase ((i*dh) % sh, (j*dw) % sw) at (oh + i*dh / sh, ow + j*dw / sw):
+// a stride-1 access on a plane of rows Wq wide. At stride 1 there is one phase, the padded plane.
 void pad_phases(const float* src, float* dst, index_t NC, index_t H, index_t W, index_t ph, index_t pw,
                 index_t sh, index_t sw, index_t extra) {
     const index_t Hq = (H + 2 * ph + sh - 1) / sh, Wq = (W + 2 * pw + sw - 1) / sw, cs = sh * sw * Hq * Wq;
@@ -124,15 +103,27 @@ void pad_phases(const float* src, float* dst, index_t NC, index_t H, index_t W, 
         const float* s = src + nc * H * W;
         float* d = dst + nc * cs;
         for (index_t a = 0; a < sh; ++a)
-            for (index_t b = 0; b < sw; ++b)
+            for (index_t b = 0; b < sw; ++b) {
+                // the columns v whose pixel w = v*sw + b - pw lies in [0, W)
+                const index_t v0 = std::min(Wq, pw > b ? (pw - b + sw - 1) / sw : index_t(0));
+                const index_t last = W - 1 + pw - b;
+                const index_t v1 = std::max(v0, last >= 0 ? std::min(Wq, last / sw + 1) : index_t(0));
                 for (index_t u = 0; u < Hq; ++u) {
                     float* row = d + ((a * sw + b) * Hq + u) * Wq;
                     const index_t h = u * sh + a - ph;
-                    for (index_t v = 0; v < Wq; ++v) {
-                        const index_t w = v * sw + b - pw;
-                        row[v] = (h >= 0 && h < H && w >= 0 && w < W) ? s[h * W + w] : 0.0f;
+                    if (h < 0 || h >= H) {
+                        std::memset(row, 0, sizeof(float) * Wq);
+                        continue;
                     }
+                    std::memset(row, 0, sizeof(float) * v0);
+                    std::memset(row + v1, 0, sizeof(float) * (Wq - v1));
+                    const float* sr = s + h * W + b - pw;
+                    if (sw == 1)
+                        std::memcpy(row + v0, sr + v0, sizeof(float) * (v1 - v0));
+                    else
+                        for (index_t v = v0; v < v1; ++v) row[v] = sr[v * sw];
                 }
+            }
     }
     std::memset(dst + NC * cs, 0, sizeof(float) * extra);
 }
@@ -572,10 +563,7 @@ void conv2d_implicit_forward(py::object xo, py::object wo, py::object bo, py::ob
             pad + g.N * g.C * f.cs + slack(g.kw, g.dw), bias, y.mutable_data(), 0, {}, {}};
     const float* xs = x.data();
     py::gil_scoped_release nogil;
-    if (sh == 1 && sw == 1)
-        pad_planes(xs, pad, g.N * g.C, g.H, g.W, ph, pw, slack(g.kw, g.dw));
-    else
-        pad_phases(xs, pad, g.N * g.C, g.H, g.W, ph, pw, sh, sw, slack(g.kw, g.dw));
+    pad_phases(xs, pad, g.N * g.C, g.H, g.W, ph, pw, sh, sw, slack(g.kw, g.dw));
     run_plane(p);
 }
 
@@ -595,7 +583,7 @@ void conv2d_implicit_backward_data(py::object gyo, py::object wo, py::object gxo
             pad + g.N * g.O * f.cs + slack(g.kw, g.dw), nullptr, gx.mutable_data(), 0, {}, {}};
     const float* gys = gy.data();
     py::gil_scoped_release nogil;
-    pad_planes(gys, pad, g.N * g.O, g.OH, g.OW, qh, qw, slack(g.kw, g.dw));
+    pad_phases(gys, pad, g.N * g.O, g.OH, g.OW, qh, qw, 1, 1, slack(g.kw, g.dw));
     run_plane(p);
 }
 
