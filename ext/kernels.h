@@ -73,8 +73,10 @@ void conv2d_implicit_backward_filter(py::object x, py::object gy, py::object gw,
                                      index_t sw, index_t ph, index_t pw, index_t dh, index_t dw, index_t groups);
 
 // winograd.cpp -------------------------------------------------------------
-void winograd_filter_transform(py::object w, py::object u, bool flip);
-void winograd_input_transform(py::object x, py::object v, index_t ph, index_t pw);
-void winograd_output_transform(py::object m, py::object y, py::object b);
+void winograd_filter_transform(py::object w, py::object u, bool flip, index_t m);
+void winograd_input_transform(py::object x, py::object v, index_t ph, index_t pw, index_t m);
+void winograd_output_transform(py::object mo, py::object y, py::object b, index_t m);
+void winograd_gradient_transform(py::object gy, py::object z, index_t m);
+void winograd_filter_gradient(py::object d, py::object gw, index_t m);
 
 }  // namespace minidnn

@@ -174,23 +174,35 @@ PYBIND11_MODULE(_C, m) {
           "conv2d_implicit_backward_filter(x, gy, gw, ws, sh, sw, ph, pw, dh, dw, groups=1) -> None\n\n"
           "OVERWRITES gw (O, C/groups, kh, kw) with the convolution's filter gradient.");
 
+    // Winograd F(mxm, 3x3): a = m + 2 points per tile side, tiles TH = ceil(OH/m), TW = ceil(OW/m).
     m.def("winograd_filter_transform", &minidnn::winograd_filter_transform, "w"_a, "U"_a,
-          "flip"_a = false,
-          "winograd_filter_transform(w, U, flip=False) -> None\n\n"
-          "Winograd F(2x2,3x3) filter transform G g G^T of w (O, C, 3, 3) into U (16, O, C);\n"
-          "with flip, of the backward-data filter rot180(w[o, c]) into U (16, C, O).");
+          "flip"_a = false, "m"_a = 2,
+          "winograd_filter_transform(w, U, flip=False, m=2) -> None\n\n"
+          "Winograd F(mxm,3x3) filter transform G g G^T of w (O, C, 3, 3) into U (a*a, O, C);\n"
+          "with flip, of the backward-data filter rot180(w[o, c]) into U (a*a, C, O); a = m + 2.");
 
     m.def("winograd_input_transform", &minidnn::winograd_input_transform, "x"_a, "V"_a, "ph"_a,
-          "pw"_a,
-          "winograd_input_transform(x, V, ph, pw) -> None\n\n"
-          "Winograd F(2x2,3x3) input transform B^T d B of the 4x4 tiles of x (N, C, H, W)\n"
-          "padded by (ph, pw) into V (16, C, N*TH*TW), TH = ceil(OH/2), OH = H + 2*ph - 2.");
+          "pw"_a, "m"_a = 2,
+          "winograd_input_transform(x, V, ph, pw, m=2) -> None\n\n"
+          "Winograd F(mxm,3x3) input transform B^T d B of the a x a tiles of x (N, C, H, W)\n"
+          "padded by (ph, pw) into V (a*a, C, N*TH*TW), TH = ceil(OH/m), OH = H + 2*ph - 2.");
 
     m.def("winograd_output_transform", &minidnn::winograd_output_transform, "M"_a, "y"_a,
-          "b"_a = py::none(),
-          "winograd_output_transform(M, y, b=None) -> None\n\n"
-          "Winograd F(2x2,3x3) output transform A^T m A of M (16, O, N*TH*TW) into y\n"
+          "b"_a = py::none(), "m"_a = 2,
+          "winograd_output_transform(M, y, b=None, m=2) -> None\n\n"
+          "Winograd F(mxm,3x3) output transform A^T m A of M (a*a, O, N*TH*TW) into y\n"
           "(N, O, OH, OW), OVERWRITTEN, plus b (O,) when given.");
+
+    m.def("winograd_gradient_transform", &minidnn::winograd_gradient_transform, "gy"_a, "Z"_a,
+          "m"_a = 2,
+          "winograd_gradient_transform(gy, Z, m=2) -> None\n\n"
+          "Winograd F(mxm,3x3) transform A g A^T of the m x m tiles of gy (N, O, OH, OW), zero\n"
+          "past its edges, into Z (a*a, O, N*TH*TW): the filter gradient's D[t] = Z[t] V[t]^T.");
+
+    m.def("winograd_filter_gradient", &minidnn::winograd_filter_gradient, "D"_a, "gw"_a, "m"_a = 2,
+          "winograd_filter_gradient(D, gw, m=2) -> None\n\n"
+          "Winograd F(mxm,3x3) filter-gradient transform G^T d G of D (a*a, O, C) into gw\n"
+          "(O, C, 3, 3), OVERWRITTEN.");
 
     m.def("get_num_threads", &minidnn::get_num_threads,
           "get_num_threads() -> int\n\nNumber of OpenMP threads the kernels use (1 without "

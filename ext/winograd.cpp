@@ -1,67 +1,224 @@
-// Winograd F(2x2, 3x3) transforms for 3x3 stride-1 convolutions (Lavin & Gray).
+// Winograd F(mxm, 3x3) transforms for 3x3 stride-1 convolutions (Lavin & Gray), m = 2 or 4, all
+// three passes.
 //
-// The convolution becomes 16 independent GEMMs, one per point t of the 4x4
-// transformed tile: M[t] (O, P) = U[t] (O, C) @ V[t] (C, P), over P = N*TH*TW
-// tiles of 2x2 outputs (TH = ceil(OH/2), TW = ceil(OW/2)); the GEMMs run in
-// NumPy/BLAS, these kernels do the three transforms:
-//   U = G g G^T        (filter, 3x3 -> 4x4)
-//   V = B^T d B        (input tile, 4x4 -> 4x4)
-//   Y = A^T m A        (output tile, 4x4 -> 2x2)
-// with tile p = (n*TH + th)*TW + tw reading input rows 2*th - ph + [0, 4) and
-// columns 2*tw - pw + [0, 4) (zero outside). Each output element is written by
-// one thread in a fixed order: deterministic for any thread count.
+// A convolution becomes a*a independent GEMMs (a = m + 2), one per point t of the a x a
+// transformed tile, over P = N*TH*TW tiles of m x m outputs (TH = ceil(OH/m), TW = ceil(OW/m));
+// tile p = (n*TH + th)*TW + tw reads input rows m*th - ph + [0, a) and columns m*tw - pw + [0, a)
+// (zero outside). The GEMMs run in NumPy/BLAS; these kernels do the transforms:
+//   forward          U = G g G^T  (filter)     V = B^T d B  (input)    M[t] = U[t] V[t]
+//                    y = A^T m A  (output)
+//   backward-data    the forward of gy padded by 2 - p, by the flipped, transposed filter
+//   backward-filter  Z = A g A^T  (gradient)   V  (input)              D[t] = Z[t] V[t]^T
+//                    gw = G^T d G (filter gradient)
+// Each 2-D transform is a 1-D one down the columns, then along the rows. F2 and F4 below hold
+// the 1-D transforms of each tile size, the rest is shared.
+//
+// A plane's tiles are consecutive in p, so each transform works plane by plane: the plane is
+// copied once into a zero-padded buffer, and each of the a*a points is read or written as one
+// contiguous run of TH*TW tiles, the arithmetic looping over positions (vectorizable). Each output
+// element is written by one thread in a fixed order: deterministic for any thread count.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 
 namespace minidnn {
 namespace {
 
-constexpr index_t kTileRun = 64;  // tiles of a row transformed together
+// The 1-D transforms of each tile size, from inputs x to outputs o. F(2x2, 3x3): 4x4 tiles.
+struct F2 {
+    static constexpr int m = 2, a = 4;
+    template <typename T>
+    static void input(const T* x, T* o) {  // B^T d
+        o[0] = x[0] - x[2];
+        o[1] = x[1] + x[2];
+        o[2] = x[2] - x[1];
+        o[3] = x[1] - x[3];
+    }
+    template <typename T>
+    static void output(const T* x, T* o) {  // A^T m
+        o[0] = x[0] + x[1] + x[2];
+        o[1] = x[1] - x[2] - x[3];
+    }
+    template <typename T>
+    static void filter(const T* x, T* o) {  // G g
+        o[0] = x[0];
+        o[1] = (x[0] + x[1] + x[2]) * T(0.5);
+        o[2] = (x[0] - x[1] + x[2]) * T(0.5);
+        o[3] = x[2];
+    }
+    template <typename T>
+    static void gradient(const T* x, T* o) {  // A g
+        o[0] = x[0];
+        o[1] = x[0] + x[1];
+        o[2] = x[0] - x[1];
+        o[3] = -x[1];
+    }
+    template <typename T>
+    static void filter_gradient(const T* x, T* o) {  // G^T d
+        o[0] = x[0] + (x[1] + x[2]) * T(0.5);
+        o[1] = (x[1] - x[2]) * T(0.5);
+        o[2] = (x[1] + x[2]) * T(0.5) + x[3];
+    }
+};
 
+// F(4x4, 3x3): 6x6 tiles, interpolation points 0, +-1, +-2 (Lavin & Gray's matrices).
+struct F4 {
+    static constexpr int m = 4, a = 6;
+    template <typename T>
+    static void input(const T* x, T* o) {  // B^T d
+        o[0] = T(4) * x[0] - T(5) * x[2] + x[4];
+        o[1] = (x[3] + x[4]) - T(4) * (x[1] + x[2]);
+        o[2] = (x[4] - x[3]) + T(4) * (x[1] - x[2]);
+        o[3] = (x[4] - x[2]) + T(2) * (x[3] - x[1]);
+        o[4] = (x[4] - x[2]) - T(2) * (x[3] - x[1]);
+        o[5] = T(4) * x[1] - T(5) * x[3] + x[5];
+    }
+    template <typename T>
+    static void output(const T* x, T* o) {  // A^T m
+        const T s12 = x[1] + x[2], d12 = x[1] - x[2], s34 = x[3] + x[4], d34 = x[3] - x[4];
+        o[0] = x[0] + s12 + s34;
+        o[1] = d12 + T(2) * d34;
+        o[2] = s12 + T(4) * s34;
+        o[3] = d12 + T(8) * d34 + x[5];
+    }
+    template <typename T>
+    static void filter(const T* x, T* o) {  // G g
+        o[0] = x[0] * T(0.25);
+        o[1] = -(x[0] + x[1] + x[2]) * T(1.0 / 6);
+        o[2] = -(x[0] - x[1] + x[2]) * T(1.0 / 6);
+        o[3] = x[0] * T(1.0 / 24) + x[1] * T(1.0 / 12) + x[2] * T(1.0 / 6);
+        o[4] = x[0] * T(1.0 / 24) - x[1] * T(1.0 / 12) + x[2] * T(1.0 / 6);
+        o[5] = x[2];
+    }
+    template <typename T>
+    static void gradient(const T* x, T* o) {  // A g
+        o[0] = x[0];
+        o[1] = x[0] + x[1] + x[2] + x[3];
+        o[2] = x[0] - x[1] + x[2] - x[3];
+        o[3] = x[0] + T(2) * x[1] + T(4) * x[2] + T(8) * x[3];
+        o[4] = x[0] - T(2) * x[1] + T(4) * x[2] - T(8) * x[3];
+        o[5] = x[3];
+    }
+    template <typename T>
+    static void filter_gradient(const T* x, T* o) {  // G^T d
+        o[0] = x[0] * T(0.25) - (x[1] + x[2]) * T(1.0 / 6) + (x[3] + x[4]) * T(1.0 / 24);
+        o[1] = (x[2] - x[1]) * T(1.0 / 6) + (x[3] - x[4]) * T(1.0 / 12);
+        o[2] = (x[3] + x[4] - x[1] - x[2]) * T(1.0 / 6) + x[5];
+    }
+};
+
+// Applies the 1-D transform t (I inputs, O outputs) to n items: item k's j-th input is
+// in[j*is + k*ik], its i-th output goes to out[i*os + k*ok].
+template <int I, int O, typename T, typename Transform>
+void apply(Transform t, const T* in, index_t is, index_t ik, T* out, index_t os, index_t ok, index_t n) {
+    for (index_t k = 0; k < n; ++k) {
+        T x[I], o[O];
+        for (int j = 0; j < I; ++j) x[j] = in[j * is + k * ik];
+        t(x, o);
+        for (int i = 0; i < O; ++i) out[i * os + k * ok] = o[i];
+    }
+}
+
+constexpr index_t kBlocks = 64;     // planes are split into at most this many blocks, one scratch each
+constexpr index_t kFilterRun = 64;  // filters transformed together
+
+// Calls fn(i, scratch) for i in [0, count) in blocks spread over threads; each block owns a
+// scratch vector of `scratch` elements.
+template <typename T, typename Fn>
+void planes(index_t count, index_t work, index_t scratch, Fn fn) {
+    const index_t blocks = std::min(count, kBlocks);
+    MINIDNN_OMP_FOR(work >= kParallelGrain && blocks > 1)
+    for (index_t b = 0; b < blocks; ++b) {
+        std::vector<T> buf(static_cast<size_t>(scratch));
+        for (index_t i = count * b / blocks; i < count * (b + 1) / blocks; ++i) fn(i, buf.data());
+    }
+}
+
+// Copies plane (H, W) into pad (Hp, Wp), its element (i, j) at (i + ph, j + pw), zero elsewhere.
 template <typename T>
+void pad_plane(const T* plane, index_t H, index_t W, index_t ph, index_t pw, T* pad, index_t Hp,
+               index_t Wp) {
+    std::fill(pad, pad + Hp * Wp, T(0));
+    const index_t h1 = std::min(H, Hp - ph), w1 = std::min(W, Wp - pw);
+    for (index_t i = 0; i < h1 && w1 > 0; ++i)
+        std::memcpy(pad + (i + ph) * Wp + pw, plane + i * W, static_cast<size_t>(w1) * sizeof(T));
+}
+
+// Tiles of an (OH, OW) output: (TH, TW).
+template <typename F>
+std::pair<index_t, index_t> tiles(index_t OH, index_t OW) {
+    return {(OH + F::m - 1) / F::m, (OW + F::m - 1) / F::m};
+}
+
+template <typename T, typename F>
 void filter_t(py::handle wo, py::handle uo, bool flip) {
+    constexpr int a = F::a, R = kFilterRun;
     auto w = checked<T>(wo, "w", false);
     auto u = checked<T>(uo, "U", true);
     require(w.ndim() == 4 && w.shape(2) == 3 && w.shape(3) == 3,
             "argument 'w' must be (O, C, 3, 3), got shape " + shape_str(w));
     const index_t O = w.shape(0), C = w.shape(1);
-    // flip: the filter of the backward-data pass, w'[c, o] = rot180(w[o, c]), as (16, C, O)
+    // flip: the filter of the backward-data pass, w'[c, o] = rot180(w[o, c]), as (a*a, C, O)
     if (flip)
-        check_shape(u, "U", {16, C, O});
+        check_shape(u, "U", {a * a, C, O});
     else
-        check_shape(u, "U", {16, O, C});
+        check_shape(u, "U", {a * a, O, C});
     check_no_overlap(w, "w", u, "U");
     const T* wp = w.data();
     T* up = u.mutable_data();
     py::gil_scoped_release nogil;
-    const index_t OC = O * C;
-    MINIDNN_OMP_FOR(OC * 16 >= kParallelGrain && OC > 1)
-    for (index_t oc = 0; oc < OC; ++oc) {
-        const T* g = wp + oc * 9;
-        T k[3][3];
-        for (int i = 0; i < 3; ++i)
-            for (int j = 0; j < 3; ++j) k[i][j] = flip ? g[(2 - i) * 3 + (2 - j)] : g[i * 3 + j];
-        T t[4][3];
-        for (int j = 0; j < 3; ++j) {
-            t[0][j] = k[0][j];
-            t[1][j] = (k[0][j] + k[1][j] + k[2][j]) * T(0.5);
-            t[2][j] = (k[0][j] - k[1][j] + k[2][j]) * T(0.5);
-            t[3][j] = k[2][j];
+    const auto filt = [](const T* x, T* o) { F::filter(x, o); };
+    const index_t OC = O * C, runs = (OC + R - 1) / R;
+    MINIDNN_OMP_FOR(OC * a * a >= kParallelGrain && runs > 1)
+    for (index_t r = 0; r < runs; ++r) {
+        // U[t][i] for i in [i0, i0 + n): filter i of U's layout, read from w
+        const index_t i0 = r * R, n = std::min(OC, i0 + R) - i0;
+        T g[9 * R], h[3 * a * R], out[a * a * R];
+        for (index_t k = 0; k < n; ++k) {
+            const index_t i = i0 + k;
+            const T* f = wp + (flip ? (i % O) * C + i / O : i) * 9;
+            for (int e = 0; e < 9; ++e) g[e * R + k] = f[flip ? 8 - e : e];
         }
-        const index_t o = oc / C, c = oc % C;
-        const index_t dst = flip ? c * O + o : oc;
-        for (int r = 0; r < 4; ++r) {
-            const T v[4] = {t[r][0], (t[r][0] + t[r][1] + t[r][2]) * T(0.5),
-                            (t[r][0] - t[r][1] + t[r][2]) * T(0.5), t[r][2]};
-            for (int s = 0; s < 4; ++s) up[(r * 4 + s) * OC + dst] = v[s];
-        }
+        for (int j = 0; j < 3; ++j) apply<3, a>(filt, g + j * R, 3 * R, 1, h + j * R, 3 * R, 1, n);
+        for (int i = 0; i < a; ++i) apply<3, a>(filt, h + 3 * i * R, R, 1, out + a * i * R, R, 1, n);
+        for (int t = 0; t < a * a; ++t)
+            std::memcpy(up + t * OC + i0, out + t * R, static_cast<size_t>(n) * sizeof(T));
     }
 }
 
-template <typename T>
+template <typename T, typename F>
+void filter_gradient_t(py::handle do_, py::handle gwo) {
+    constexpr int a = F::a, R = kFilterRun;
+    auto d = checked<T>(do_, "D", false);
+    auto gw = checked<T>(gwo, "gw", true);
+    require(gw.ndim() == 4 && gw.shape(2) == 3 && gw.shape(3) == 3,
+            "argument 'gw' must be (O, C, 3, 3), got shape " + shape_str(gw));
+    const index_t O = gw.shape(0), C = gw.shape(1);
+    check_shape(d, "D", {a * a, O, C});
+    check_no_overlap(d, "D", gw, "gw");
+    const T* dp = d.data();
+    T* gp = gw.mutable_data();
+    py::gil_scoped_release nogil;
+    const auto fgrad = [](const T* x, T* o) { F::filter_gradient(x, o); };
+    const index_t OC = O * C, runs = (OC + R - 1) / R;
+    MINIDNN_OMP_FOR(OC * a * a >= kParallelGrain && runs > 1)
+    for (index_t r = 0; r < runs; ++r) {
+        const index_t i0 = r * R, n = std::min(OC, i0 + R) - i0;
+        T m[a * a * R], h[3 * a * R], g[9 * R];
+        for (int t = 0; t < a * a; ++t)
+            std::memcpy(m + t * R, dp + t * OC + i0, static_cast<size_t>(n) * sizeof(T));
+        for (int q = 0; q < a; ++q) apply<a, 3>(fgrad, m + q * R, a * R, 1, h + q * R, a * R, 1, n);
+        for (int i = 0; i < 3; ++i) apply<a, 3>(fgrad, h + a * i * R, R, 1, g + 3 * i * R, R, 1, n);
+        for (index_t k = 0; k < n; ++k)
+            for (int e = 0; e < 9; ++e) gp[(i0 + k) * 9 + e] = g[e * R + k];
+    }
+}
+
+template <typename T, typename F>
 void input_t(py::handle xo, py::handle vo, index_t ph, index_t pw) {
+    constexpr int a = F::a, mm = F::m;
     auto x = checked<T>(xo, "x", false);
     auto v = checked<T>(vo, "V", true);
     require(x.ndim() == 4, "argument 'x' must be 4-D (N, C, H, W), got shape " + shape_str(x));
@@ -69,66 +226,69 @@ void input_t(py::handle xo, py::handle vo, index_t ph, index_t pw) {
     const index_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
     const index_t OH = H + 2 * ph - 2, OW = W + 2 * pw - 2;
     require(OH >= 1 && OW >= 1, "input " + shape_str(x) + " is too small for a 3x3 window");
-    const index_t TH = (OH + 1) / 2, TW = (OW + 1) / 2, P = N * TH * TW;
-    check_shape(v, "V", {16, C, P});
+    const auto [TH, TW] = tiles<F>(OH, OW);
+    const index_t T2 = TH * TW, P = N * T2;
+    check_shape(v, "V", {a * a, C, P});
     check_no_overlap(x, "x", v, "V");
     const T* xp = x.data();
     T* vp = v.mutable_data();
     py::gil_scoped_release nogil;
-    const index_t CN = C * N, CP = C * P;
-    // A row of tiles is transformed into a local buffer, then each of its 16
-    // points is copied to V as one contiguous run (16 scattered stores per
-    // tile would touch 16 pages apart).
-    MINIDNN_OMP_FOR(CN * TH * TW * 16 >= kParallelGrain && CN > 1)
-    for (index_t cn = 0; cn < CN; ++cn) {
+    const auto inp = [](const T* x, T* o) { F::input(x, o); };
+    const index_t Hp = mm * TH + 2, Wp = mm * TW + 2, CP = C * P;
+    // scratch: the padded plane, then B^T d: a rows per row of tiles
+    planes<T>(C * N, a * a * CP, Hp * Wp + a * TH * Wp, [&](index_t cn, T* buf) {
         const index_t c = cn / N, n = cn % N;
-        const T* plane = xp + (n * C + c) * H * W;
-        T buf[16][kTileRun];
-        for (index_t th = 0; th < TH; ++th) {
-            const index_t h0 = 2 * th - ph;
-            for (index_t tw0 = 0; tw0 < TW; tw0 += kTileRun) {
-                const index_t run = std::min<index_t>(kTileRun, TW - tw0);
-                for (index_t k = 0; k < run; ++k) {
-                    const index_t w0 = 2 * (tw0 + k) - pw;
-                    T d[4][4];
-                    const bool inside = h0 >= 0 && h0 + 4 <= H && w0 >= 0 && w0 + 4 <= W;
-                    for (int r = 0; r < 4; ++r)
-                        for (int q = 0; q < 4; ++q) {
-                            const index_t ih = h0 + r, iw = w0 + q;
-                            d[r][q] = (inside || (ih >= 0 && ih < H && iw >= 0 && iw < W))
-                                          ? plane[ih * W + iw]
-                                          : T(0);
-                        }
-                    T t[4][4];
-                    for (int q = 0; q < 4; ++q) {
-                        t[0][q] = d[0][q] - d[2][q];
-                        t[1][q] = d[1][q] + d[2][q];
-                        t[2][q] = d[2][q] - d[1][q];
-                        t[3][q] = d[1][q] - d[3][q];
-                    }
-                    for (int r = 0; r < 4; ++r) {
-                        buf[r * 4 + 0][k] = t[r][0] - t[r][2];
-                        buf[r * 4 + 1][k] = t[r][1] + t[r][2];
-                        buf[r * 4 + 2][k] = t[r][2] - t[r][1];
-                        buf[r * 4 + 3][k] = t[r][1] - t[r][3];
-                    }
-                }
-                T* dst = vp + c * P + (n * TH + th) * TW + tw0;
-                for (int q = 0; q < 16; ++q)
-                    std::memcpy(dst + q * CP, buf[q], static_cast<size_t>(run) * sizeof(T));
-            }
-        }
-    }
+        T *pad = buf, *col = buf + Hp * Wp;
+        pad_plane(xp + (n * C + c) * H * W, H, W, ph, pw, pad, Hp, Wp);
+        for (index_t th = 0; th < TH; ++th)
+            apply<a, a>(inp, pad + mm * th * Wp, Wp, 1, col + a * th * Wp, Wp, 1, Wp);
+        T* dst = vp + c * P + n * T2;
+        for (int r = 0; r < a; ++r)
+            for (index_t th = 0; th < TH; ++th)
+                apply<a, a>(inp, col + (a * th + r) * Wp, 1, mm, dst + a * r * CP + th * TW, CP, 1, TW);
+    });
 }
 
-template <typename T>
+template <typename T, typename F>
+void gradient_t(py::handle gyo, py::handle zo) {
+    constexpr int a = F::a, mm = F::m;
+    auto gy = checked<T>(gyo, "gy", false);
+    auto z = checked<T>(zo, "Z", true);
+    require(gy.ndim() == 4, "argument 'gy' must be 4-D (N, O, OH, OW), got shape " + shape_str(gy));
+    const index_t N = gy.shape(0), O = gy.shape(1), OH = gy.shape(2), OW = gy.shape(3);
+    const auto [TH, TW] = tiles<F>(OH, OW);
+    const index_t T2 = TH * TW, P = N * T2;
+    check_shape(z, "Z", {a * a, O, P});
+    check_no_overlap(gy, "gy", z, "Z");
+    const T* gp = gy.data();
+    T* zp = z.mutable_data();
+    py::gil_scoped_release nogil;
+    const auto grad = [](const T* x, T* o) { F::gradient(x, o); };
+    const index_t OP = O * P, Hq = mm * TH, Wq = mm * TW;
+    // scratch: the plane padded to whole tiles, then A g: a rows per row of tiles
+    planes<T>(O * N, a * a * OP, Hq * Wq + a * TH * Wq, [&](index_t on, T* buf) {
+        const index_t o = on / N, n = on % N;
+        T *pad = buf, *col = buf + Hq * Wq;
+        pad_plane(gp + (n * O + o) * OH * OW, OH, OW, 0, 0, pad, Hq, Wq);
+        for (index_t th = 0; th < TH; ++th)
+            apply<mm, a>(grad, pad + mm * th * Wq, Wq, 1, col + a * th * Wq, Wq, 1, Wq);
+        T* dst = zp + o * P + n * T2;
+        for (int r = 0; r < a; ++r)
+            for (index_t th = 0; th < TH; ++th)
+                apply<mm, a>(grad, col + (a * th + r) * Wq, 1, mm, dst + a * r * OP + th * TW, OP, 1, TW);
+    });
+}
+
+template <typename T, typename F>
 void output_t(py::handle mo, py::handle yo, py::handle bo) {
+    constexpr int a = F::a, mm = F::m;
     auto m = checked<T>(mo, "M", false);
     auto y = checked<T>(yo, "y", true);
     require(y.ndim() == 4, "argument 'y' must be 4-D (N, O, OH, OW), got shape " + shape_str(y));
     const index_t N = y.shape(0), O = y.shape(1), OH = y.shape(2), OW = y.shape(3);
-    const index_t TH = (OH + 1) / 2, TW = (OW + 1) / 2, P = N * TH * TW;
-    check_shape(m, "M", {16, O, P});
+    const auto [TH, TW] = tiles<F>(OH, OW);
+    const index_t T2 = TH * TW, P = N * T2;
+    check_shape(m, "M", {a * a, O, P});
     check_no_overlap(m, "M", y, "y");
     const T* bp = nullptr;
     if (!bo.is_none()) {
@@ -139,57 +299,73 @@ void output_t(py::handle mo, py::handle yo, py::handle bo) {
     const T* mp = m.data();
     T* yp = y.mutable_data();
     py::gil_scoped_release nogil;
-    const index_t ON = O * N, OP = O * P;
-    MINIDNN_OMP_FOR(ON * TH * TW * 16 >= kParallelGrain && ON > 1)
-    for (index_t on = 0; on < ON; ++on) {
+    const auto outp = [](const T* x, T* o) { F::output(x, o); };
+    const index_t OP = O * P, Wq = mm * TW;
+    // scratch: A^T m per tile (m rows x a columns), then the plane in whole tiles
+    planes<T>(O * N, a * a * OP, mm * a * T2 + mm * TH * Wq, [&](index_t on, T* buf) {
         const index_t o = on / N, n = on % N;
+        T *s = buf, *out = buf + mm * a * T2;
+        const T* src = mp + o * P + n * T2;
+        for (int q = 0; q < a; ++q) apply<a, mm>(outp, src + q * OP, a * OP, 1, s + q * T2, a * T2, 1, T2);
+        for (int i = 0; i < mm; ++i)
+            for (index_t th = 0; th < TH; ++th)
+                apply<a, mm>(outp, s + a * i * T2 + th * TW, T2, 1, out + (mm * th + i) * Wq, 1, mm, TW);
         T* plane = yp + (n * O + o) * OH * OW;
         const T bias = bp ? bp[o] : T(0);
-        T buf[16][kTileRun];  // a row of tiles, each of the 16 points read as one run
-        for (index_t th = 0; th < TH; ++th) {
-            for (index_t tw0 = 0; tw0 < TW; tw0 += kTileRun) {
-                const index_t run = std::min<index_t>(kTileRun, TW - tw0);
-                const T* src = mp + o * P + (n * TH + th) * TW + tw0;
-                for (int q = 0; q < 16; ++q)
-                    std::memcpy(buf[q], src + q * OP, static_cast<size_t>(run) * sizeof(T));
-                for (index_t k = 0; k < run; ++k) {
-                    const index_t tw = tw0 + k;
-                    T a[4][4];
-                    for (int r = 0; r < 4; ++r)
-                        for (int q = 0; q < 4; ++q) a[r][q] = buf[r * 4 + q][k];
-                    T t[2][4];
-                    for (int q = 0; q < 4; ++q) {
-                        t[0][q] = a[0][q] + a[1][q] + a[2][q];
-                        t[1][q] = a[1][q] - a[2][q] - a[3][q];
-                    }
-                    for (int r = 0; r < 2; ++r) {
-                        const index_t oh = 2 * th + r;
-                        if (oh >= OH) break;
-                        T* row = plane + oh * OW + 2 * tw;
-                        row[0] = t[r][0] + t[r][1] + t[r][2] + bias;
-                        if (2 * tw + 1 < OW) row[1] = t[r][1] - t[r][2] - t[r][3] + bias;
-                    }
-                }
-            }
+        for (index_t r = 0; r < OH; ++r) {
+            T* row = plane + r * OW;
+            std::memcpy(row, out + r * Wq, static_cast<size_t>(OW) * sizeof(T));
+            if (bp)
+                for (index_t j = 0; j < OW; ++j) row[j] += bias;
         }
-    }
+    });
+}
+
+// Calls fn(F2{}) or fn(F4{}) for tile size m.
+template <typename Fn>
+void tile_size(index_t m, Fn fn) {
+    require(m == 2 || m == 4, "Winograd output tile must be 2 or 4, got " + std::to_string(m));
+    if (m == 2)
+        fn(F2{});
+    else
+        fn(F4{});
 }
 
 }  // namespace
 
-void winograd_filter_transform(py::object w, py::object u, bool flip) {
+void winograd_filter_transform(py::object w, py::object u, bool flip, index_t m) {
     const DType dt = float_dtype(as_ndarray(w, "w"), "w");
-    dispatch(dt, [&](auto t) { filter_t<decltype(t)>(w, u, flip); });
+    tile_size(m, [&](auto f) {
+        dispatch(dt, [&](auto t) { filter_t<decltype(t), decltype(f)>(w, u, flip); });
+    });
 }
 
-void winograd_input_transform(py::object x, py::object v, index_t ph, index_t pw) {
+void winograd_input_transform(py::object x, py::object v, index_t ph, index_t pw, index_t m) {
     const DType dt = float_dtype(as_ndarray(x, "x"), "x");
-    dispatch(dt, [&](auto t) { input_t<decltype(t)>(x, v, ph, pw); });
+    tile_size(m, [&](auto f) {
+        dispatch(dt, [&](auto t) { input_t<decltype(t), decltype(f)>(x, v, ph, pw); });
+    });
 }
 
-void winograd_output_transform(py::object m, py::object y, py::object b) {
-    const DType dt = float_dtype(as_ndarray(m, "M"), "M");
-    dispatch(dt, [&](auto t) { output_t<decltype(t)>(m, y, b); });
+void winograd_output_transform(py::object mo, py::object y, py::object b, index_t m) {
+    const DType dt = float_dtype(as_ndarray(mo, "M"), "M");
+    tile_size(m, [&](auto f) {
+        dispatch(dt, [&](auto t) { output_t<decltype(t), decltype(f)>(mo, y, b); });
+    });
+}
+
+void winograd_gradient_transform(py::object gy, py::object z, index_t m) {
+    const DType dt = float_dtype(as_ndarray(gy, "gy"), "gy");
+    tile_size(m, [&](auto f) {
+        dispatch(dt, [&](auto t) { gradient_t<decltype(t), decltype(f)>(gy, z); });
+    });
+}
+
+void winograd_filter_gradient(py::object d, py::object gw, index_t m) {
+    const DType dt = float_dtype(as_ndarray(d, "D"), "D");
+    tile_size(m, [&](auto f) {
+        dispatch(dt, [&](auto t) { filter_gradient_t<decltype(t), decltype(f)>(d, gw); });
+    });
 }
 
 }  // namespace minidnn

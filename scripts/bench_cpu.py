@@ -1,12 +1,18 @@
 """Training-step time of minidnn vs PyTorch on the CPU, measured in one run.
 
-    python scripts/bench_cpu.py [--steps 7] [--batch-size 32] [--threads 2] [--without-implicit]
+    python scripts/bench_cpu.py [--steps 7] [--batch-size 32] [--threads 2] [--measured]
+                                [--without-implicit] [--without-winograd]
 
 For ResNet-18 (CIFAR variant) and VGG-11 at 3x32x32, both frameworks train
 the same network (minidnn's weights copied into PyTorch's) with SGD+momentum,
 on the same thread count, their steps alternated; the median of ``--steps``
 steps after two warm-up steps is reported for each, with the ratio
-minidnn / PyTorch (< 1: faster).
+minidnn / PyTorch (< 1: faster). minidnn plans with its default cost model
+(the CPU profile's speed hints choose each convolution's algorithm);
+``--measured`` also times a trainer whose algorithms are chosen by timing each
+one on this machine (``MemoryConfig(profile="measured")``, cached on disk), and
+``--without-implicit`` (``--without-winograd``) one without the implicit (Winograd)
+convolutions; all steps alternated.
 """
 from __future__ import annotations
 
@@ -103,17 +109,17 @@ def median_steps(fns, steps, warmup=2):
     return [statistics.median(ts) for ts in times]
 
 
-def bench(name, make_net, torch_net, batch, steps, torch, without_implicit):
+def bench(name, make_net, torch_net, batch, steps, torch, variants):
+    """``variants``: (label, device, memory) of the minidnn trainers timed beside the default one."""
     shape = (batch, 3, 32, 32)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, 10, batch)
-    devices = ["cpu"] + ([CPUBackend(implicit=False)] if without_implicit else [])
     trainers = []
-    for device in devices:
+    for _, device, memory in [("", "cpu", None)] + variants:
         net = make_net().init_parameters(0)
         trainers.append(minidnn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
-                                        device=device))
+                                        device=device, memory=memory))
     torch_net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
     opt = torch.optim.SGD(torch_net.parameters(), lr=0.01, momentum=0.9)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
@@ -127,8 +133,8 @@ def bench(name, make_net, torch_net, batch, steps, torch, without_implicit):
     *t_mdn, t_torch = median_steps([lambda t=t: t.step(x, y) for t in trainers] + [torch_step], steps)
     line = (f"{name:<18} batch {batch:>3}  minidnn {t_mdn[0] * 1e3:8.1f} ms  PyTorch {t_torch * 1e3:8.1f} ms  "
             f"ratio {t_mdn[0] / t_torch:5.2f}")
-    if without_implicit:
-        line += f"  | without implicit {t_mdn[1] * 1e3:8.1f} ms  ratio {t_mdn[1] / t_torch:5.2f}"
+    for (label, _, _), t in zip(variants, t_mdn[1:]):
+        line += f"  | {label} {t * 1e3:8.1f} ms  ratio {t / t_torch:5.2f}"
     print(line, flush=True)
     return t_mdn[0] / t_torch
 
@@ -140,15 +146,22 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--without-implicit", action="store_true",
                     help="also time minidnn without its implicit convolution algorithm, steps alternated")
+    ap.add_argument("--without-winograd", action="store_true",
+                    help="also time minidnn without its Winograd convolution algorithms, steps alternated")
+    ap.add_argument("--measured", action="store_true",
+                    help="also time minidnn with algorithms chosen by measuring them here, steps alternated")
     args = ap.parse_args()
+    variants = ([("measured", "cpu", minidnn.MemoryConfig(profile="measured"))] if args.measured else []) + (
+        [("without implicit", CPUBackend(implicit=False), None)] if args.without_implicit else []) + (
+        [("without winograd", CPUBackend(winograd=False), None)] if args.without_winograd else [])
     import torch
     torch.set_num_threads(args.threads)
     print(f"minidnn {minidnn.__version__}, PyTorch {torch.__version__}, {args.threads} threads, "
           f"median of {args.steps} steps after 2 warm-up steps")
     bench("ResNet-18 (CIFAR)", lambda: models.get("resnet18_cifar", num_classes=10), torch_resnet18_cifar(torch.nn),
-          args.batch_size, args.steps, torch, args.without_implicit)
+          args.batch_size, args.steps, torch, variants)
     bench("VGG-11", lambda: models.get("vgg11", num_classes=10, image_size=32), torch_vgg11(torch.nn),
-          args.batch_size, args.steps, torch, args.without_implicit)
+          args.batch_size, args.steps, torch, variants)
 
 if __name__ == "__main__":
     main()

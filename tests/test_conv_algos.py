@@ -120,11 +120,15 @@ def test_listed_algorithms():
     # the op's own list (what plans for a device profile choose from) has no lanes; the CPU backend's has
     assert [a.name for a in op.algorithms(in_specs, out_specs, "forward")] == conv_algos.names(g, "forward")
     assert [a.name for a in CONV.algorithms(op, in_specs, out_specs, "forward")] == \
-        conv_algos.names(g, "forward", conv_algos.default_lanes(), CONV.implicit)
+        conv_algos.names(g, "forward", conv_algos.default_lanes(), CONV.implicit, winograd=True)
     bwd = {a.name: a.workspace for a in op.algorithms(in_specs, out_specs, "backward")}
-    assert {"im2col", "im2col_chunk2", "im2col_chunk1", "direct", "winograd", "winograd/direct",
+    assert {"im2col", "im2col_chunk2", "im2col_chunk1", "direct", "winograd/im2col", "winograd/direct",
             "direct/im2col_chunk1", "im2col/direct"} <= set(bwd)
     assert bwd["direct"] == 0 and bwd["winograd/direct"] > 0
+    cpu = {a.name: a.workspace for a in CONV.algorithms(op, in_specs, out_specs, "backward")}
+    assert {"winograd", "winograd4x4", "im2col/winograd4x4", "winograd4x4/winograd"} <= set(cpu)
+    # F(4x4,3x3) transforms 36 points per 16 outputs, F(2x2,3x3) 16 per 4: less workspace
+    assert 0 < cpu["winograd4x4"] < cpu["winograd"]
     assert bwd["im2col_chunk1"] < bwd["im2col_chunk2"] < bwd["im2col"]
     # the default's workspace is what workspace()/backward_workspace() report
     assert op.workspace(in_specs, out_specs) == op.algorithms(in_specs, out_specs, "forward")[0].workspace
@@ -134,7 +138,7 @@ def test_listed_algorithms():
     assert "winograd" not in [a.name for a in op1.algorithms(s1, o1, "forward")]
     for case in ("s2_p1", "dil2", "depthwise"):
         o, _, s, out, _ = make(case, np.float32)
-        assert not {"winograd", "gemm1x1"} & {a.name for a in o.algorithms(s, out, "forward")}
+        assert not {"winograd", "winograd4x4", "gemm1x1"} & {a.name for a in o.algorithms(s, out, "forward")}
     op_b, _, s_b, o_b, _ = make("batch1", np.float32)
     assert not [a for a in op_b.algorithms(s_b, o_b, "forward") if "chunk" in a.name]
 
@@ -248,6 +252,32 @@ def test_a_backend_without_implicit_lists_none(monkeypatch):
     with pytest.raises(BackendUnavailable, match="AVX-512F"):
         CPUBackend(implicit=True)
     assert not CPUBackend().conv.implicit
+
+
+def test_winograd_sets():
+    """The CPU backend lists F(2x2,3x3) and F(4x4,3x3) for every pass of a 3x3 stride-1 layer (the
+    data pass where gy's padding 2 - p is not negative); device-profile plans choose from F(2x2,3x3)
+    for the forward and data passes, with their own speed hint; CPUBackend(winograd=False) lists none."""
+    from minidnn.backend.cpu import CPUBackend
+    for case in ("3x3_odd_out", "3x3_p2", "pad_gt_half", "s2_p1"):
+        op, ins, in_specs, out_specs, gy = make(case, np.float32)
+        g = conv_algos.Geom.of(op, *in_specs[:2], out_specs[0])
+        halves = {p for a in CONV.algorithms(op, in_specs, out_specs, "backward")
+                  for p in zip(("data", "filter"), conv_algos.split(a.name, "backward"))}
+        for m in ("winograd", "winograd4x4"):
+            assert (m in [a.name for a in CONV.algorithms(op, in_specs, out_specs, "forward")]) == g.is_winograd
+            assert (("data", m) in halves) == g.winograd_data
+            assert (("filter", m) in halves) == g.is_winograd
+        device = {a.name: a for a in op.algorithms(in_specs, out_specs, "backward")}
+        assert not [n for n in device if "winograd4x4" in n or n.endswith("/winograd") or n == "winograd"]
+        assert ("winograd/im2col" in device) == g.winograd_data
+        for pass_ in ("forward", "backward"):
+            assert not [a for a in CPUBackend(winograd=False).conv.algorithms(op, in_specs, out_specs, pass_)
+                        if "winograd" in a.name]
+    op, ins, in_specs, out_specs, gy = make("3x3_odd_out", np.float32)
+    cpu = {a.name: a.speed for a in CONV.algorithms(op, in_specs, out_specs, "forward")}
+    device = {a.name: a.speed for a in op.algorithms(in_specs, out_specs, "forward")}
+    assert cpu["winograd"] != device["winograd"]       # the CPU kernels' model vs the profiles' hint
 
 
 @pytest.mark.skipif(not CONV.implicit, reason="this CPU has no AVX-512F")

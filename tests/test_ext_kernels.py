@@ -199,7 +199,18 @@ def test_thread_count_independence():
             _C.bn_backward(x, gy, np.ones(16, np.float32), mean, invstd, gx, gg, gb)
             mg = np.empty_like(x)
             _C.maxpool2d_backward(x, gy[:, :, :10, :10].copy(), mg, 2, 2, 2, 2, 0, 0, 1, 1)
-            results.append(b"".join(a.tobytes() for a in (xt, cols, mean, var, gx, gg, gb, mg)))
+            wino = []
+            for m in (2, 4):      # every Winograd transform, F(2x2,3x3) and F(4x4,3x3)
+                t, tiles = (m + 2) ** 2, 4 * (-(-20 // m)) ** 2
+                u, v, z = (np.empty((t, 16, k), np.float32) for k in (16, tiles, tiles))
+                y, gw = np.empty_like(x), np.empty((16, 16, 3, 3), np.float32)
+                _C.winograd_filter_transform(x[0, :, :3, :3].copy().reshape(16, 1, 3, 3).repeat(16, 1), u, True, m)
+                _C.winograd_input_transform(x, v, 1, 1, m)
+                _C.winograd_output_transform(v, y, gg, m)
+                _C.winograd_gradient_transform(gy, z, m)
+                _C.winograd_filter_gradient(u, gw, m)
+                wino += [u, v, y, z, gw]
+            results.append(b"".join(a.tobytes() for a in [xt, cols, mean, var, gx, gg, gb, mg] + wino))
     finally:
         _C.set_num_threads(n0)
     assert results[0] == results[1] == results[2]
@@ -467,6 +478,19 @@ def test_errors():
         _C.avgpool2d_backward(np.zeros((2, 3, 3, 2), np.float32), x, 2, 2, 2, 2, 0, 0, True)
     with pytest.raises(ValueError, match="'y'"):
         _C.avgpool2d_forward(x, y[:, :, :, ::2], 2, 2, 2, 2, 0, 0, False)
+
+    v = np.zeros((36, 3, 2 * 2 * 2), np.float32)      # F(4x4,3x3) tiles of x padded by 1: 2x2 per sample
+    _C.winograd_input_transform(x, v, 1, 1, 4)
+    with pytest.raises(ValueError, match="'V'"):
+        _C.winograd_input_transform(x, v, 1, 1, 2)     # F(2x2,3x3) wants (16, 3, 2*3*3)
+    with pytest.raises(ValueError, match="tile must be 2 or 4"):
+        _C.winograd_input_transform(x, v, 1, 1, 3)
+    with pytest.raises(ValueError, match="'U'"):
+        _C.winograd_filter_transform(np.zeros((4, 3, 3, 3), np.float32), np.zeros((36, 3, 4), np.float32), False, 4)
+    with pytest.raises(ValueError, match="'D'"):
+        _C.winograd_filter_gradient(np.zeros((16, 4, 3), np.float32), np.zeros((4, 3, 3, 3), np.float32), 4)
+    with pytest.raises(ValueError, match="'Z'"):
+        _C.winograd_gradient_transform(x, np.zeros((36, 3, 7), np.float32), 4)
 
     m, v = np.zeros(3, np.float32), np.zeros(3, np.float32)
     with pytest.raises(ValueError, match="var"):

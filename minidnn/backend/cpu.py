@@ -21,16 +21,16 @@ class CPUBackend:
     name = "cpu"
     xp = np
 
-    def __init__(self, implicit=None):
+    def __init__(self, implicit=None, winograd=True):
         """``implicit``: whether convolutions may use the implicit algorithm (None: where the CPU
-        runs it; see ops.conv_algos)."""
+        runs it); ``winograd``: whether they may use the Winograd ones (see ops.conv_algos)."""
         try:
             from .. import _C
         except ImportError as e:  # a source checkout without the built extension
             raise BackendUnavailable(f"minidnn's C++ extension is not built ({e}); install with 'pip install .'")
         self.k = _C
         self.lanes = Lanes(_C)
-        self.conv = conv_algos.Convolutions(self.lanes, implicit)   # the convolution algorithms (by name)
+        self.conv = conv_algos.Convolutions(self.lanes, implicit, winograd)   # the convolution algorithms
         from .. import OMP_RUNTIME_LOADED_BEFORE
         if OMP_RUNTIME_LOADED_BEFORE:
             warnings.warn("PyTorch was imported before minidnn and loaded the OpenMP runtime with spinning "

@@ -2,8 +2,7 @@
 
 A forward algorithm is one name; a backward step computes the data and the
 filter gradient, so its algorithm is a pair ``"data/filter"``, written as one
-name when both halves are the same family (``"direct"`` = direct/direct) and
-``"winograd"`` for winograd/im2col (Winograd has no filter-gradient pass).
+name when both halves are the same family (``"direct"`` = direct/direct).
 
 ========================  ==========================================  ==========================
 name                      forward / backward-data / backward-filter   workspace
@@ -17,8 +16,12 @@ name                      forward / backward-data / backward-filter   workspace
 ``direct``                C++ direct convolution, all three passes    0
 ``gemm1x1``               1x1/stride 1/no padding: x is (C, H*W)      0 (backward-filter: one
                           per sample, NumPy matmul into the output    filter-sized partial)
-``winograd``              F(2x2,3x3), 3x3 stride 1 groups 1:          16*(O*C + C*P + O*P)
-                          forward and backward-data                   P = N*ceil(OH/2)*ceil(OW/2)
+``winograd``              F(2x2,3x3), 3x3 stride 1 groups 1, all      16*(O*C + C*P + O*P)
+                          three passes (backward-data: padding <= 2): P = N*ceil(OH/2)*ceil(OW/2)
+                          16 GEMMs over transformed tiles (C++        (backward-data: P of the
+                          transforms, NumPy GEMMs)                    input plane)
+``winograd4x4``           the same with F(4x4,3x3): 36 GEMMs, 2.25    36*(O*C + C*P + O*P)
+                          multiplications per output instead of 4     P = N*ceil(OH/4)*ceil(OW/4)
 ``implicit``              float32, CPUs with AVX-512: an implicit     a zero-padded copy of the
                           GEMM over zero-padded planes (C++, FMA),    input (x in stride phases;
                           all three passes (backward-data: stride 1)  gy for the data pass; x in
@@ -30,8 +33,11 @@ Every algorithm writes only its outputs and its workspace, is deterministic
 run to run, and agrees with the others within float32 rounding. The lane
 variants are the CPU backend's own (``Convolutions``, its ``conv``, lists them
 for as many lanes as the kernels have threads and runs them on its ``Lanes``),
-and so is ``implicit``, listed where this CPU runs it; ``Conv2dOp.algorithms``,
-what plans for a device profile choose from, has neither.
+and so are ``implicit``, listed where this CPU runs it, and ``winograd4x4`` and
+Winograd's filter-gradient pass, timed by a model of the CPU kernels
+(``_winograd_speed``); ``Conv2dOp.algorithms``, what plans for a device profile
+choose from, has none of them: its ``winograd`` is F(2x2,3x3) for the forward and
+data passes, with the speed hint these plans have always used.
 """
 from __future__ import annotations
 
@@ -124,7 +130,7 @@ def split(name, pass_):
     if "/" in name:
         d, f = name.split("/", 1)
         return d, f
-    return (name, "im2col") if name == "winograd" else (name, name)
+    return name, name
 
 
 def _family(part):
@@ -135,7 +141,7 @@ def _family(part):
         k, _, p = part[len("im2col_chunk"):].partition("x")
         if k.isdigit() and int(k) >= 1 and (not p or p.isdigit() and int(p) >= 2):
             return "im2col", int(k), int(p or 1)
-    if part in ("direct", "gemm1x1", "winograd", "implicit"):
+    if part in ("direct", "gemm1x1", "implicit") or part in WINOGRAD:
         return part, None, 1
     raise ValueError(f"unknown convolution algorithm {part!r}")
 
@@ -144,7 +150,8 @@ def _check(g: Geom, part, role):
     """(family, chunk size, lanes) of a part that applies to this layer and role."""
     fam, k, p = _family(part)
     ok = {"im2col": True, "direct": g.direct, "gemm1x1": g.is_1x1,
-          "winograd": g.is_winograd if role == "forward" else g.winograd_data and role == "data",
+          "winograd": g.winograd_data if role == "data" else g.is_winograd,
+          "winograd4x4": g.winograd_data if role == "data" else g.is_winograd,
           "implicit": g.implicit_data if role == "data" else g.implicit}[fam]
     if not ok:
         raise ValueError(f"convolution algorithm {part!r} does not apply to the {role} pass of this layer "
@@ -162,18 +169,21 @@ def _partials(g):   # a filter-sized and a bias-sized partial sum, for chunked f
     return [((g.o, g.c // g.groups * g.kh * g.kw), g.dtype), ((g.o,), g.dtype)]
 
 
-def _tiles(n, oh, ow):
-    return n * -(-oh // 2) * -(-ow // 2)
+WINOGRAD = {"winograd": 2, "winograd4x4": 4}   # family -> m of F(mxm, 3x3)
 
 
-def _wino_fwd(g):
-    p = _tiles(g.n, g.oh, g.ow)
-    return [((16, g.o, g.c), g.dtype), ((16, g.c, p), g.dtype), ((16, g.o, p), g.dtype)]
-
-
-def _wino_data(g):
-    p = _tiles(g.n, g.h, g.w)
-    return [((16, g.c, g.o), g.dtype), ((16, g.o, p), g.dtype), ((16, g.c, p), g.dtype)]
+def _wino(g, m, role):
+    """The Winograd workspace: the transformed filter, input and output of the forward (U, V, M),
+    of the data pass (U of the flipped filter, gy's V, gx's M), or of the filter pass (Z of gy,
+    V of x, D of the filter gradient), each with (m + 2)^2 points."""
+    t = (m + 2) ** 2
+    tiles = g.n * -(-(g.h if role == "data" else g.oh) // m) * -(-(g.w if role == "data" else g.ow) // m)
+    if role == "filter":
+        shapes = [(t, g.o, tiles), (t, g.c, tiles), (t, g.o, g.c)]
+    else:
+        a, b = (g.c, g.o) if role == "data" else (g.o, g.c)   # (outputs, inputs) of the pass
+        shapes = [(t, a, b), (t, b, tiles), (t, a, tiles)]
+    return [(s, g.dtype) for s in shapes]
 
 
 def _implicit_rows(g, role):
@@ -220,8 +230,8 @@ def _scratch(g, fam, k, p, role):
     if fam == "im2col":
         lanes = len(_lane_chunks(g.n, k, p))
         return _cols(g, k) * lanes + (_partials(g) * _lane_partials(g.n, k, p) if role == "filter" else [])
-    if fam == "winograd":
-        return _wino_fwd(g) if role == "forward" else _wino_data(g)
+    if fam in WINOGRAD:
+        return _wino(g, WINOGRAD[fam], role)
     if fam == "implicit":
         return _implicit(g, role)
     if fam == "gemm1x1" and role == "filter" and g.n > 1:
@@ -260,20 +270,23 @@ def lane_chunk_sizes(n, p):
     return sorted({k for k in (per, -(-per // 2), 1) if k < n}, reverse=True) if p > 1 else []
 
 
-def names(g: Geom, pass_, lanes=1, implicit=False):
+def names(g: Geom, pass_, lanes=1, implicit=False, winograd=False):
     """The algorithm names that apply to this layer and pass on ``lanes`` lanes, the default first;
-    ``implicit`` where this CPU runs it."""
+    ``implicit`` where this CPU runs it; ``winograd``: the CPU backend's Winograd set (F(2x2) and
+    F(4x4), all three passes), else F(2x2,3x3) for the forward and data passes."""
     chunks = ([f"im2col_chunk{k}" for k in chunk_sizes(g.n)]
               + [f"im2col_chunk{k}x{lanes}" for k in lane_chunk_sizes(g.n, lanes)])
     zero = (["direct"] if g.direct else []) + (["gemm1x1"] if g.is_1x1 else [])
+    wino = list(WINOGRAD) if winograd else ["winograd"]
     if pass_ == "forward":
-        return (["im2col"] + chunks + zero + (["winograd"] if g.is_winograd else [])
+        return (["im2col"] + chunks + zero + (wino if g.is_winograd else [])
                 + (["implicit"] if implicit and g.implicit else []))
     if pass_ != "backward":
         raise ValueError(f"pass must be 'forward' or 'backward', got {pass_!r}")
-    data = (["im2col"] + chunks + zero + (["winograd"] if g.winograd_data else [])
+    data = (["im2col"] + chunks + zero + (wino if g.winograd_data else [])
             + (["implicit"] if implicit and g.implicit_data else []))
-    filt = ["im2col"] + chunks + zero + (["implicit"] if implicit and g.implicit else [])
+    filt = (["im2col"] + chunks + zero + (wino if winograd and g.is_winograd else [])
+            + (["implicit"] if implicit and g.implicit else []))
     out = []
     for d in data:
         for f in filt:
@@ -281,16 +294,15 @@ def names(g: Geom, pass_, lanes=1, implicit=False):
                 continue              # dominated by the pair with one chunk size
             if d == f:
                 out.append(d)
-            elif (d, f) == ("winograd", "im2col"):
-                out.append("winograd")
             else:
                 out.append(f"{d}/{f}")
     return out
 
 
 @functools.lru_cache(maxsize=1024)   # a pure function of the shape; deep networks repeat few shapes
-def algorithms(g: Geom, pass_, lanes=1, implicit=False):
-    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_)) for n in names(g, pass_, lanes, implicit)]
+def algorithms(g: Geom, pass_, lanes=1, implicit=False, winograd=False):
+    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_, winograd))
+            for n in names(g, pass_, lanes, implicit, winograd)]
 
 
 def implicit_available() -> bool:
@@ -340,10 +352,25 @@ def _implicit_speed(g, role):
     return sp * (2.0 if (cg if role == "forward" else og) < 16 else 1.0) * strided
 
 
-def _part_speed(g, part, role):
+def _winograd_speed(g, m, role):
+    """Winograd F(mxm, 3x3) relative to im2col (fits to scripts/bench_conv_cpu.py, 2-core AVX-512
+    Xeon): its GEMMs run at about twice im2col's rate where they sum over 128 or more channels
+    (or tiles, in the filter pass), at im2col's below; each element of the transformed filter,
+    input and output costs the time of about 120 of im2col's flops (written once, read once)."""
+    shapes = [s for s, _ in _wino(g, m, role)]
+    tiles = shapes[0][2] if role == "filter" else shapes[1][2]
+    inner = {"forward": g.c, "data": g.o, "filter": tiles}[role]
+    gemm = 2.0 * (m + 2) ** 2 * g.o * g.c * tiles * (0.53 if inner >= 128 else 1.0)
+    elements = sum(int(np.prod(s)) for s in shapes)
+    return (gemm + 120.0 * elements) / (2.0 * g.n * g.o * g.c * 9 * g.oh * g.ow)
+
+
+def _part_speed(g, part, role, winograd):
     fam, k, p = _family(part)
     if fam == "implicit":
         return _implicit_speed(g, role)
+    if fam in WINOGRAD and winograd:
+        return _winograd_speed(g, WINOGRAD[fam], role)
     sp = _SPEED[role][fam]
     if fam == "im2col" and k is not None and k < g.n:
         sp *= 1.0 + 0.1 * (k == 1 and g.n >= 8)   # many small GEMMs
@@ -357,12 +384,13 @@ def _part_speed(g, part, role):
     return sp
 
 
-def speed(g: Geom, name, pass_) -> float:
-    """A rough time of the named algorithm relative to the default (1.0)."""
+def speed(g: Geom, name, pass_, winograd=False) -> float:
+    """A rough time of the named algorithm relative to the default (1.0); ``winograd``: Winograd's
+    from the model of the CPU backend's kernels."""
     d, f = split(name, pass_)
     if f is None:
-        return _part_speed(g, d, "forward")
-    return 0.5 * (_part_speed(g, d, "data") + _part_speed(g, f, "filter"))
+        return _part_speed(g, d, "forward", winograd)
+    return 0.5 * (_part_speed(g, d, "data", winograd) + _part_speed(g, f, "filter", winograd))
 
 
 # ------------------------------------------------------------------ the passes
@@ -415,12 +443,13 @@ def forward(op, k, x, w, b, y, ws, name, lanes=None):
                   out=y.reshape(g.n, gr, g.o // gr, g.l))
         if b is not None:
             k.conv2d_add_bias(y, b)
-    else:  # winograd
-        u, v, m = carve(ws, _wino_fwd(g))
-        k.winograd_filter_transform(w, u, False)
-        k.winograd_input_transform(x, v, *g.padding)
+    else:  # winograd: M[t] = U[t] V[t]
+        mt = WINOGRAD[fam]
+        u, v, m = carve(ws, _wino(g, mt, "forward"))
+        k.winograd_filter_transform(w, u, False, mt)
+        k.winograd_input_transform(x, v, *g.padding, mt)
         np.matmul(u, v, out=m)
-        k.winograd_output_transform(m, y, b)
+        k.winograd_output_transform(m, y, b, mt)
 
 
 def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
@@ -445,14 +474,25 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
             np.matmul(w3.transpose(0, 2, 1), gy.reshape(g.n, gr, g.o // gr, g.l),
                       out=gx.reshape(g.n, gr, g.c // gr, g.h * g.w))
         else:  # winograd: the gradient is a Winograd conv of gy by the flipped filter
-            u, v, m = carve(ws, _wino_data(g))
-            k.winograd_filter_transform(w, u, True)
-            k.winograd_input_transform(gy, v, 2 - g.padding[0], 2 - g.padding[1])
+            mt = WINOGRAD[fd]
+            u, v, m = carve(ws, _wino(g, mt, "data"))
+            k.winograd_filter_transform(w, u, True, mt)
+            k.winograd_input_transform(gy, v, 2 - g.padding[0], 2 - g.padding[1], mt)
             np.matmul(u, v, out=m)
-            k.winograd_output_transform(m, gx, None)
+            k.winograd_output_transform(m, gx, None, mt)
     if want_filter:
         if ff == "im2col":
             _im2col_backward(g, k, x, None, gy, None, gw, gb, ws, kf, pf, lanes)
+        elif ff in WINOGRAD:   # D[t] = Z[t] V[t]^T, Z: gy's tiles, V: x's
+            if gw is not None:
+                mt = WINOGRAD[ff]
+                z, v, dt = carve(ws, _wino(g, mt, "filter"))
+                k.winograd_gradient_transform(gy, z, mt)
+                k.winograd_input_transform(x, v, *g.padding, mt)
+                np.matmul(z, v.transpose(0, 2, 1), out=dt)
+                k.winograd_filter_gradient(dt, gw, mt)
+            if gb is not None:
+                k.conv2d_bias_grad(gy, gb)
         elif ff in ("direct", "implicit"):
             if gw is not None and ff == "direct":
                 k.conv2d_direct_backward_filter(x, gy, gw, *g.conv_args)
@@ -527,20 +567,23 @@ def _im2col_backward(g, k, x, w, gy, gx, gw, gb, ws, kc, p, lanes):
 class Convolutions:
     """The CPU backend's convolution algorithms, with the lanes that run their lane variants."""
 
-    def __init__(self, lanes, implicit=None):
-        """``implicit``: list the implicit algorithm (None: where this CPU runs it)."""
+    def __init__(self, lanes, implicit=None, winograd=True):
+        """``implicit``: list the implicit algorithm (None: where this CPU runs it); ``winograd``: list
+        the Winograd algorithms (F(2x2,3x3) and F(4x4,3x3), every pass)."""
         self.lanes = lanes
         if implicit and not implicit_available():
             raise BackendUnavailable("the implicit convolution needs a CPU with AVX-512F and minidnn's built "
                                      "kernels; this one has not")
         self.implicit = implicit_available() if implicit is None else bool(implicit)
+        self.winograd = bool(winograd)
 
     def algorithms(self, op, in_specs, out_specs, pass_) -> list:
         """``op``'s algorithms on this backend: a Conv2d's lane variants too."""
         if op.name != "conv2d":
             return op.algorithms(in_specs, out_specs, pass_)
-        return algorithms(Geom.of(op, in_specs[0], in_specs[1], out_specs[0]), pass_, default_lanes(),
-                          self.implicit)
+        algos = algorithms(Geom.of(op, in_specs[0], in_specs[1], out_specs[0]), pass_, default_lanes(),
+                           self.implicit, True)
+        return algos if self.winograd else [a for a in algos if not WINOGRAD.keys() & set(split(a.name, pass_))]
 
     def forward(self, op, k, x, w, b, y, ws, name):
         forward(op, k, x, w, b, y, ws, name, self.lanes)
