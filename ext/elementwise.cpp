@@ -50,7 +50,53 @@ void add_inplace_t(py::handle dsto, py::handle srco) {
     for (index_t i = 0; i < n; ++i) dp[i] += sp[i];
 }
 
+// One pass of PyTorch's SGD rule, in its order of operations (no contraction):
+//   d = g + wd * p;  b = first ? d : m * b + (1 - damp) * d  (the last product only if damp != 0);
+//   s = nesterov ? d + m * b : b (momentum) or d;  p -= lr * s.
+template <typename T>
+void sgd_update_t(py::handle po, py::handle go, py::handle bo, double lr, double momentum,
+                  double dampening, double weight_decay, bool nesterov, bool first) {
+    auto p = checked<T>(po, "p", true);
+    auto g = checked<T>(go, "g", false);
+    check_same_size(p, "p", g, "g");
+    check_no_overlap(p, "p", g, "g");
+    T* bp = nullptr;
+    if (!bo.is_none()) {
+        auto b = checked<T>(bo, "buf", true);
+        check_same_size(p, "p", b, "buf");
+        check_no_overlap(p, "p", b, "buf");
+        check_no_overlap(g, "g", b, "buf");
+        bp = b.mutable_data();
+    }
+    require(bp != nullptr || momentum == 0, "sgd_update: momentum needs a momentum buffer 'buf'");
+    T* pp = p.mutable_data();
+    const T* gp = g.data();
+    const T lr_ = T(lr), m = T(momentum), keep = T(1 - dampening), wd = T(weight_decay);
+    const bool decay = weight_decay != 0, damp = dampening != 0;
+    const index_t n = p.size();
+    py::gil_scoped_release nogil;
+    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
+    for (index_t i = 0; i < n; ++i) {
+        const T d = decay ? pp[i] * wd + gp[i] : gp[i];
+        T s = d;
+        if (bp) {
+            const T b = first ? d : bp[i] * m + (damp ? keep * d : d);
+            bp[i] = b;
+            s = nesterov ? d + b * m : b;
+        }
+        pp[i] -= s * lr_;
+    }
+}
+
 }  // namespace
+
+void sgd_update(py::object p, py::object g, py::object buf, double lr, double momentum,
+                double dampening, double weight_decay, bool nesterov, bool first) {
+    const DType dt = float_dtype(as_ndarray(p, "p"), "p");
+    dispatch(dt, [&](auto t) {
+        sgd_update_t<decltype(t)>(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first);
+    });
+}
 
 void relu_backward(py::object y, py::object gy, py::object gx) {
     const DType dt = float_dtype(as_ndarray(y, "y"), "y");

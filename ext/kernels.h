@@ -41,6 +41,8 @@ void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,
 // elementwise.cpp ----------------------------------------------------------
 void relu_backward(py::object y, py::object gy, py::object gx);
 void add_inplace(py::object dst, py::object src);
+void sgd_update(py::object p, py::object g, py::object buf, double lr, double momentum,
+                double dampening, double weight_decay, bool nesterov, bool first);
 
 // placement.cpp ------------------------------------------------------------
 py::array_t<int64_t> place_buffers(py::object starts, py::object ends, py::object sizes, int64_t base);

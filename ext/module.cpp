@@ -107,6 +107,12 @@ PYBIND11_MODULE(_C, m) {
           "gx = gy where y > 0 else 0 (y is the ReLU output). Arrays of any shape with\n"
           "the same number of elements; gx may be gy.");
 
+    m.def("sgd_update", &minidnn::sgd_update, "p"_a, "g"_a, "buf"_a, "lr"_a, "momentum"_a,
+          "dampening"_a, "weight_decay"_a, "nesterov"_a, "first"_a,
+          "sgd_update(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first) -> None\n\n"
+          "One SGD step of p in place from g (PyTorch's rule and order of operations), in one pass;\n"
+          "buf (the momentum buffer, None without momentum) is updated too, or set on the first step.");
+
     m.def("add_inplace", &minidnn::add_inplace, "dst"_a, "src"_a,
           "add_inplace(dst, src) -> None\n\n"
           "dst += src elementwise (any shapes with the same number of elements).");

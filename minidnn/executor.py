@@ -237,7 +237,7 @@ class Executor:
             elif kind == "accumulate":
                 ctx.k.add_inplace(updates[0], reads[0])
             elif kind == "update":
-                optimizer.update(ins[0], ins[1], outs, ws, t)
+                optimizer.update(ins[0], ins[1], outs, ws, t, ctx.k)
             elif kind == "load":
                 for dst, tid in zip(outs, step.outs):
                     if tid in feed:

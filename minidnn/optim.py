@@ -25,8 +25,9 @@ class Optimizer:
         """Scratch bytes one update of a parameter of ``spec`` needs."""
         return spec.nbytes
 
-    def update(self, p, g, states, ws, t):
-        """Update parameter ``p`` in place from gradient ``g``; ``t`` counts steps from 1."""
+    def update(self, p, g, states, ws, t, k=None):
+        """Update parameter ``p`` in place from gradient ``g``; ``t`` counts steps from 1; ``k``: the
+        backend's kernels, whose fused updates an optimizer may use (None: array operations)."""
         raise NotImplementedError
 
     def state_dict(self):
@@ -54,7 +55,12 @@ class SGD(Optimizer):
     def workspace(self, spec):
         return (2 if self.nesterov else 1) * spec.nbytes
 
-    def update(self, p, g, states, ws, t):
+    def update(self, p, g, states, ws, t, k=None):
+        fused = getattr(k, "sgd_update", None)
+        if fused is not None:      # the whole rule in one pass over memory, in the same order of operations
+            fused(p, g, states[0] if self.momentum else None, self.lr, self.momentum, self.dampening,
+                  self.weight_decay, self.nesterov, t == 1)
+            return
         # each array op is one pass over memory: the step is formed where it is needed, never copied
         d = _scratch(ws, p)
         dt = p.dtype.type
@@ -97,7 +103,7 @@ class Adam(Optimizer):
     def workspace(self, spec):
         return 2 * spec.nbytes
 
-    def update(self, p, g, states, ws, t):
+    def update(self, p, g, states, ws, t, k=None):
         m, v = states
         dt = p.dtype.type
         n = p.nbytes

@@ -479,6 +479,15 @@ def test_errors():
     with pytest.raises(ValueError, match="'y'"):
         _C.avgpool2d_forward(x, y[:, :, :, ::2], 2, 2, 2, 2, 0, 0, False)
 
+    p, g = np.zeros(10, np.float32), np.zeros(10, np.float32)
+    _C.sgd_update(p, g, None, 0.1, 0.0, 0.0, 0.0, False, False)
+    with pytest.raises(ValueError, match="buf"):
+        _C.sgd_update(p, g, None, 0.1, 0.9, 0.0, 0.0, False, False)   # momentum without a buffer
+    with pytest.raises(ValueError, match="'g'"):
+        _C.sgd_update(p, np.zeros(9, np.float32), None, 0.1, 0.0, 0.0, 0.0, False, False)
+    with pytest.raises(TypeError, match="buf"):
+        _C.sgd_update(p, g, np.zeros(10), 0.1, 0.9, 0.0, 0.0, False, False)   # float64 buffer
+
     v = np.zeros((36, 3, 2 * 2 * 2), np.float32)      # F(4x4,3x3) tiles of x padded by 1: 2x2 per sample
     _C.winograd_input_transform(x, v, 1, 1, 4)
     with pytest.raises(ValueError, match="'V'"):

@@ -206,17 +206,24 @@ def test_predict_matches_torch_eval_after_training(name):
                                 dict(momentum=0.9, nesterov=True, weight_decay=1e-2)],
                          ids=["plain", "decay", "momentum", "dampening", "nesterov"])
 def test_sgd_update_matches_torch_for_every_option(hp):
-    """Four updates of one float64 parameter, option by option, agree with torch.optim.SGD to rounding."""
-    rng = np.random.default_rng(0)
-    o = optim.SGD(lr=0.1, **hp)
-    p = rng.standard_normal(50)
-    tp = torch.tensor(p.copy(), requires_grad=True)
-    to = torch.optim.SGD([tp], lr=0.1, **hp)
-    states = [np.zeros_like(p)] if o.momentum else []
-    ws = np.zeros(o.workspace(minidnn.graph.Spec(p.shape, p.dtype)), np.uint8)
-    for t in range(1, 5):
-        g = rng.standard_normal(50)
-        o.update(p, g, states, ws, t)
-        tp.grad = torch.tensor(g)
-        to.step()
-    np.testing.assert_allclose(p, tp.detach().numpy(), rtol=1e-14, atol=1e-15)
+    """Four updates of one parameter, option by option: float64 agrees with torch.optim.SGD to
+    rounding, and the CPU backend's fused kernel equals the array operations bit for bit."""
+    _C = pytest.importorskip("minidnn._C")
+    for dtype in (np.float64, np.float32):
+        rng = np.random.default_rng(0)
+        o = optim.SGD(lr=0.1, **hp)
+        p0 = rng.standard_normal(5000).astype(dtype)
+        params = {k: p0.copy() for k in ("arrays", "fused")}
+        states = {k: [np.zeros_like(p0)] if o.momentum else [] for k in params}
+        tp = torch.tensor(p0.copy(), requires_grad=True)
+        to = torch.optim.SGD([tp], lr=0.1, **hp)
+        ws = np.zeros(o.workspace(minidnn.graph.Spec(p0.shape, p0.dtype)), np.uint8)
+        for t in range(1, 5):
+            g = rng.standard_normal(5000).astype(dtype)
+            o.update(params["arrays"], g, states["arrays"], ws, t)
+            o.update(params["fused"], g, states["fused"], None, t, _C)
+            tp.grad = torch.tensor(g)
+            to.step()
+        assert params["arrays"].tobytes() == params["fused"].tobytes(), dtype
+        if dtype == np.float64:
+            np.testing.assert_allclose(params["fused"], tp.detach().numpy(), rtol=1e-14, atol=1e-15)
