@@ -122,7 +122,24 @@ void apply(Transform t, const T* in, index_t is, index_t ik, T* out, index_t os,
 }
 
 constexpr index_t kBlocks = 64;     // planes are split into at most this many blocks, one scratch each
-constexpr index_t kFilterRun = 64;  // filters transformed together
+constexpr int kFilterRun = 64;      // filters transformed together
+
+// Calls fn(i0, n) for the runs [i0, i0 + n) of kFilterRun of `count` filters, spread over threads.
+template <typename Fn>
+void filter_runs(index_t count, index_t work, Fn fn) {
+    const index_t runs = (count + kFilterRun - 1) / kFilterRun;
+    MINIDNN_OMP_FOR(work >= kParallelGrain && runs > 1)
+    for (index_t r = 0; r < runs; ++r) fn(r * kFilterRun, std::min<index_t>(kFilterRun, count - r * kFilterRun));
+}
+
+// The 2-D transform t (I x I to O x O, separable) of n filters: in[(i*I + j)*kFilterRun + k] to
+// out[(i*O + j)*kFilterRun + k], down the columns into mid, then along the rows.
+template <int I, int O, typename T, typename Transform>
+void filters_2d(Transform t, const T* in, T* mid, T* out, index_t n) {
+    constexpr index_t R = kFilterRun;
+    for (int j = 0; j < I; ++j) apply<I, O>(t, in + j * R, I * R, 1, mid + j * R, I * R, 1, n);
+    for (int i = 0; i < O; ++i) apply<I, O>(t, mid + I * i * R, R, 1, out + O * i * R, R, 1, n);
+}
 
 // Calls fn(i, scratch) for i in [0, count) in blocks spread over threads; each block owns a
 // scratch vector of `scratch` elements.
@@ -146,10 +163,16 @@ void pad_plane(const T* plane, index_t H, index_t W, index_t ph, index_t pw, T* 
         std::memcpy(pad + (i + ph) * Wp + pw, plane + i * W, static_cast<size_t>(w1) * sizeof(T));
 }
 
-// Tiles of an (OH, OW) output: (TH, TW).
+// Tiles along an output side of n.
 template <typename F>
-std::pair<index_t, index_t> tiles(index_t OH, index_t OW) {
-    return {(OH + F::m - 1) / F::m, (OW + F::m - 1) / F::m};
+index_t tiles(index_t n) {
+    return (n + F::m - 1) / F::m;
+}
+
+// ValueError naming w unless it is a filter (O, C, 3, 3).
+void check_filter(const py::array& w, const char* name) {
+    require(w.ndim() == 4 && w.shape(2) == 3 && w.shape(3) == 3,
+            std::string("argument '") + name + "' must be (O, C, 3, 3), got shape " + shape_str(w));
 }
 
 template <typename T, typename F>
@@ -157,8 +180,7 @@ void filter_t(py::handle wo, py::handle uo, bool flip) {
     constexpr int a = F::a, R = kFilterRun;
     auto w = checked<T>(wo, "w", false);
     auto u = checked<T>(uo, "U", true);
-    require(w.ndim() == 4 && w.shape(2) == 3 && w.shape(3) == 3,
-            "argument 'w' must be (O, C, 3, 3), got shape " + shape_str(w));
+    check_filter(w, "w");
     const index_t O = w.shape(0), C = w.shape(1);
     // flip: the filter of the backward-data pass, w'[c, o] = rot180(w[o, c]), as (a*a, C, O)
     if (flip)
@@ -170,22 +192,19 @@ void filter_t(py::handle wo, py::handle uo, bool flip) {
     T* up = u.mutable_data();
     py::gil_scoped_release nogil;
     const auto filt = [](const T* x, T* o) { F::filter(x, o); };
-    const index_t OC = O * C, runs = (OC + R - 1) / R;
-    MINIDNN_OMP_FOR(OC * a * a >= kParallelGrain && runs > 1)
-    for (index_t r = 0; r < runs; ++r) {
+    const index_t OC = O * C;
+    filter_runs(OC, OC * a * a, [&](index_t i0, index_t n) {
         // U[t][i] for i in [i0, i0 + n): filter i of U's layout, read from w
-        const index_t i0 = r * R, n = std::min(OC, i0 + R) - i0;
         T g[9 * R], h[3 * a * R], out[a * a * R];
         for (index_t k = 0; k < n; ++k) {
             const index_t i = i0 + k;
             const T* f = wp + (flip ? (i % O) * C + i / O : i) * 9;
             for (int e = 0; e < 9; ++e) g[e * R + k] = f[flip ? 8 - e : e];
         }
-        for (int j = 0; j < 3; ++j) apply<3, a>(filt, g + j * R, 3 * R, 1, h + j * R, 3 * R, 1, n);
-        for (int i = 0; i < a; ++i) apply<3, a>(filt, h + 3 * i * R, R, 1, out + a * i * R, R, 1, n);
+        filters_2d<3, a>(filt, g, h, out, n);
         for (int t = 0; t < a * a; ++t)
             std::memcpy(up + t * OC + i0, out + t * R, static_cast<size_t>(n) * sizeof(T));
-    }
+    });
 }
 
 template <typename T, typename F>
@@ -193,8 +212,7 @@ void filter_gradient_t(py::handle do_, py::handle gwo) {
     constexpr int a = F::a, R = kFilterRun;
     auto d = checked<T>(do_, "D", false);
     auto gw = checked<T>(gwo, "gw", true);
-    require(gw.ndim() == 4 && gw.shape(2) == 3 && gw.shape(3) == 3,
-            "argument 'gw' must be (O, C, 3, 3), got shape " + shape_str(gw));
+    check_filter(gw, "gw");
     const index_t O = gw.shape(0), C = gw.shape(1);
     check_shape(d, "D", {a * a, O, C});
     check_no_overlap(d, "D", gw, "gw");
@@ -202,23 +220,41 @@ void filter_gradient_t(py::handle do_, py::handle gwo) {
     T* gp = gw.mutable_data();
     py::gil_scoped_release nogil;
     const auto fgrad = [](const T* x, T* o) { F::filter_gradient(x, o); };
-    const index_t OC = O * C, runs = (OC + R - 1) / R;
-    MINIDNN_OMP_FOR(OC * a * a >= kParallelGrain && runs > 1)
-    for (index_t r = 0; r < runs; ++r) {
-        const index_t i0 = r * R, n = std::min(OC, i0 + R) - i0;
+    const index_t OC = O * C;
+    filter_runs(OC, OC * a * a, [&](index_t i0, index_t n) {
         T m[a * a * R], h[3 * a * R], g[9 * R];
         for (int t = 0; t < a * a; ++t)
             std::memcpy(m + t * R, dp + t * OC + i0, static_cast<size_t>(n) * sizeof(T));
-        for (int q = 0; q < a; ++q) apply<a, 3>(fgrad, m + q * R, a * R, 1, h + q * R, a * R, 1, n);
-        for (int i = 0; i < 3; ++i) apply<a, 3>(fgrad, h + a * i * R, R, 1, g + 3 * i * R, R, 1, n);
+        filters_2d<a, 3>(fgrad, m, h, g, n);
         for (index_t k = 0; k < n; ++k)
             for (int e = 0; e < 9; ++e) gp[(i0 + k) * 9 + e] = g[e * R + k];
-    }
+    });
+}
+
+// The a*a points of every tile of src (N, C, H, W) padded by (ph, pw) into dst (a*a, C, N*TH*TW):
+// the separable transform t (I x I windows, m apart, to a x a) down the columns of each padded
+// plane, then along its rows.
+template <int I, int a, int m, typename T, typename Transform>
+void to_tiles(Transform t, const T* src, index_t N, index_t C, index_t H, index_t W, index_t ph,
+              index_t pw, index_t TH, index_t TW, T* dst) {
+    const index_t Hp = m * (TH - 1) + I, Wp = m * (TW - 1) + I, T2 = TH * TW, CP = C * N * T2;
+    // scratch: the padded plane, then its columns transformed: a rows per row of tiles
+    planes<T>(C * N, a * a * CP, Hp * Wp + a * TH * Wp, [&](index_t cn, T* buf) {
+        const index_t c = cn / N, n = cn % N;
+        T *pad = buf, *col = buf + Hp * Wp;
+        pad_plane(src + (n * C + c) * H * W, H, W, ph, pw, pad, Hp, Wp);
+        for (index_t th = 0; th < TH; ++th)
+            apply<I, a>(t, pad + m * th * Wp, Wp, 1, col + a * th * Wp, Wp, 1, Wp);
+        T* d = dst + (c * N + n) * T2;
+        for (int r = 0; r < a; ++r)
+            for (index_t th = 0; th < TH; ++th)
+                apply<I, a>(t, col + (a * th + r) * Wp, 1, m, d + a * r * CP + th * TW, CP, 1, TW);
+    });
 }
 
 template <typename T, typename F>
 void input_t(py::handle xo, py::handle vo, index_t ph, index_t pw) {
-    constexpr int a = F::a, mm = F::m;
+    constexpr int a = F::a;
     auto x = checked<T>(xo, "x", false);
     auto v = checked<T>(vo, "V", true);
     require(x.ndim() == 4, "argument 'x' must be 4-D (N, C, H, W), got shape " + shape_str(x));
@@ -226,27 +262,14 @@ void input_t(py::handle xo, py::handle vo, index_t ph, index_t pw) {
     const index_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
     const index_t OH = H + 2 * ph - 2, OW = W + 2 * pw - 2;
     require(OH >= 1 && OW >= 1, "input " + shape_str(x) + " is too small for a 3x3 window");
-    const auto [TH, TW] = tiles<F>(OH, OW);
-    const index_t T2 = TH * TW, P = N * T2;
-    check_shape(v, "V", {a * a, C, P});
+    const index_t TH = tiles<F>(OH), TW = tiles<F>(OW);
+    check_shape(v, "V", {a * a, C, N * TH * TW});
     check_no_overlap(x, "x", v, "V");
     const T* xp = x.data();
     T* vp = v.mutable_data();
     py::gil_scoped_release nogil;
-    const auto inp = [](const T* x, T* o) { F::input(x, o); };
-    const index_t Hp = mm * TH + 2, Wp = mm * TW + 2, CP = C * P;
-    // scratch: the padded plane, then B^T d: a rows per row of tiles
-    planes<T>(C * N, a * a * CP, Hp * Wp + a * TH * Wp, [&](index_t cn, T* buf) {
-        const index_t c = cn / N, n = cn % N;
-        T *pad = buf, *col = buf + Hp * Wp;
-        pad_plane(xp + (n * C + c) * H * W, H, W, ph, pw, pad, Hp, Wp);
-        for (index_t th = 0; th < TH; ++th)
-            apply<a, a>(inp, pad + mm * th * Wp, Wp, 1, col + a * th * Wp, Wp, 1, Wp);
-        T* dst = vp + c * P + n * T2;
-        for (int r = 0; r < a; ++r)
-            for (index_t th = 0; th < TH; ++th)
-                apply<a, a>(inp, col + (a * th + r) * Wp, 1, mm, dst + a * r * CP + th * TW, CP, 1, TW);
-    });
+    const auto inp = [](const T* x, T* o) { F::input(x, o); };   // B^T d B
+    to_tiles<a, a, F::m>(inp, xp, N, C, H, W, ph, pw, TH, TW, vp);
 }
 
 template <typename T, typename F>
@@ -256,27 +279,14 @@ void gradient_t(py::handle gyo, py::handle zo) {
     auto z = checked<T>(zo, "Z", true);
     require(gy.ndim() == 4, "argument 'gy' must be 4-D (N, O, OH, OW), got shape " + shape_str(gy));
     const index_t N = gy.shape(0), O = gy.shape(1), OH = gy.shape(2), OW = gy.shape(3);
-    const auto [TH, TW] = tiles<F>(OH, OW);
-    const index_t T2 = TH * TW, P = N * T2;
-    check_shape(z, "Z", {a * a, O, P});
+    const index_t TH = tiles<F>(OH), TW = tiles<F>(OW);
+    check_shape(z, "Z", {a * a, O, N * TH * TW});
     check_no_overlap(gy, "gy", z, "Z");
     const T* gp = gy.data();
     T* zp = z.mutable_data();
     py::gil_scoped_release nogil;
-    const auto grad = [](const T* x, T* o) { F::gradient(x, o); };
-    const index_t OP = O * P, Hq = mm * TH, Wq = mm * TW;
-    // scratch: the plane padded to whole tiles, then A g: a rows per row of tiles
-    planes<T>(O * N, a * a * OP, Hq * Wq + a * TH * Wq, [&](index_t on, T* buf) {
-        const index_t o = on / N, n = on % N;
-        T *pad = buf, *col = buf + Hq * Wq;
-        pad_plane(gp + (n * O + o) * OH * OW, OH, OW, 0, 0, pad, Hq, Wq);
-        for (index_t th = 0; th < TH; ++th)
-            apply<mm, a>(grad, pad + mm * th * Wq, Wq, 1, col + a * th * Wq, Wq, 1, Wq);
-        T* dst = zp + o * P + n * T2;
-        for (int r = 0; r < a; ++r)
-            for (index_t th = 0; th < TH; ++th)
-                apply<mm, a>(grad, col + (a * th + r) * Wq, 1, mm, dst + a * r * OP + th * TW, OP, 1, TW);
-    });
+    const auto grad = [](const T* x, T* o) { F::gradient(x, o); };   // A g A^T, on m x m tiles
+    to_tiles<mm, a, mm>(grad, gp, N, O, OH, OW, 0, 0, TH, TW, zp);
 }
 
 template <typename T, typename F>
@@ -286,7 +296,7 @@ void output_t(py::handle mo, py::handle yo, py::handle bo) {
     auto y = checked<T>(yo, "y", true);
     require(y.ndim() == 4, "argument 'y' must be 4-D (N, O, OH, OW), got shape " + shape_str(y));
     const index_t N = y.shape(0), O = y.shape(1), OH = y.shape(2), OW = y.shape(3);
-    const auto [TH, TW] = tiles<F>(OH, OW);
+    const index_t TH = tiles<F>(OH), TW = tiles<F>(OW);
     const index_t T2 = TH * TW, P = N * T2;
     check_shape(m, "M", {a * a, O, P});
     check_no_overlap(m, "M", y, "y");
