@@ -110,11 +110,21 @@ struct F4 {
 };
 
 // Applies the 1-D transform t (I inputs, O outputs) to n items: item k's j-th input is
-// in[j*is + k*ik], its i-th output goes to out[i*os + k*ok].
+// in[j*is + k*ik], its i-th output goes to out[i*os + k*ok] (in and out apart). Items one apart
+// on both sides, as down the columns of a plane, take the loop that vectorizes.
 template <int I, int O, typename T, typename Transform>
-void apply(Transform t, const T* in, index_t is, index_t ik, T* out, index_t os, index_t ok, index_t n) {
+MINIDNN_CLONES void apply(Transform t, const T* __restrict in, index_t is, index_t ik, T* __restrict out,
+                          index_t os, index_t ok, index_t n) {
+    T x[I], o[O];
+    if (ik == 1 && ok == 1) {
+        for (index_t k = 0; k < n; ++k) {
+            for (int j = 0; j < I; ++j) x[j] = in[j * is + k];
+            t(x, o);
+            for (int i = 0; i < O; ++i) out[i * os + k] = o[i];
+        }
+        return;
+    }
     for (index_t k = 0; k < n; ++k) {
-        T x[I], o[O];
         for (int j = 0; j < I; ++j) x[j] = in[j * is + k * ik];
         t(x, o);
         for (int i = 0; i < O; ++i) out[i * os + k * ok] = o[i];
