@@ -71,10 +71,14 @@ def vgg16(n, size):
 def columns(n, lanes):
     return (["im2col"] + [f"im2col_chunk{k}" for k in conv_algos.chunk_sizes(n)]
             + [f"im2col_chunk{k}x{lanes}" for k in conv_algos.lane_chunk_sizes(n, lanes)]
-            + ["direct", "gemm1x1", "winograd", "implicit"])
+            + ["direct", "gemm1x1"] + list(conv_algos.WINOGRAD) + ["implicit"])
 
 
 def short(name):
+    """A column's heading: chunk16 for im2col_chunk16, wino2x2 and wino4x4 for Winograd."""
+    if name in conv_algos.WINOGRAD:
+        m = conv_algos.WINOGRAD[name]
+        return f"wino{m}x{m}"
     return name[len("im2col_"):] if name.startswith("im2col_chunk") else name
 
 
@@ -177,7 +181,7 @@ def report(net, results, tight_frac, torch):
             if c not in r["ws_forward"]:
                 cells.append("-")
                 continue
-            pair = r["backward_pairs"].get(c if c != "winograd" else "winograd")
+            pair = r["backward_pairs"].get(c)
             fwd = f"{r['ws_forward'][c] / MiB:.0f}"
             cells.append(f"{fwd}/{pair[1] / MiB:.0f}" if pair else fwd)
         print(f"{r['layer']:<{width}}" + "".join(f"{x:>10}" for x in cells))
