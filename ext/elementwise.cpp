@@ -14,6 +14,46 @@ void check_same_size(const py::array& a, const char* na, const py::array& b,
                               " must have the same number of elements");
 }
 
+// y = max(x, 0); NaN stays NaN, as in PyTorch.
+template <typename T>
+void relu_forward_t(py::handle xo, py::handle yo) {
+    auto x = checked<T>(xo, "x", false);
+    auto y = checked<T>(yo, "y", true);
+    check_same_size(x, "x", y, "y");
+    check_no_overlap(x, "x", y, "y", true);
+    const T* xp = x.data();
+    T* yp = y.mutable_data();
+    const index_t n = x.size();
+    py::gil_scoped_release nogil;
+    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
+    for (index_t i = 0; i < n; ++i) {
+        const T v = xp[i];
+        yp[i] = v < T(0) ? T(0) : v;
+    }
+}
+
+// out = a + b (out may be a or b); with b None, out = a (a copy).
+template <typename T>
+void add_t(py::handle ao, py::handle bo, py::handle oo) {
+    auto a = checked<T>(ao, "a", false);
+    auto out = checked<T>(oo, "out", true);
+    check_same_size(a, "a", out, "out");
+    check_no_overlap(a, "a", out, "out", true);
+    py::array_t<T, py::array::c_style> b;
+    if (!bo.is_none()) {
+        b = checked<T>(bo, "b", false);
+        check_same_size(a, "a", b, "b");
+        check_no_overlap(b, "b", out, "out", true);
+    }
+    const T* ap = a.data();
+    const T* bp = bo.is_none() ? nullptr : b.data();
+    T* op = out.mutable_data();
+    const index_t n = a.size();
+    py::gil_scoped_release nogil;
+    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
+    for (index_t i = 0; i < n; ++i) op[i] = bp ? ap[i] + bp[i] : ap[i];
+}
+
 template <typename T>
 void relu_backward_t(py::handle yo, py::handle gyo, py::handle gxo) {
     auto y = checked<T>(yo, "y", false);
@@ -96,6 +136,16 @@ void sgd_update(py::object p, py::object g, py::object buf, double lr, double mo
     dispatch(dt, [&](auto t) {
         sgd_update_t<decltype(t)>(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first);
     });
+}
+
+void relu_forward(py::object x, py::object y) {
+    const DType dt = float_dtype(as_ndarray(x, "x"), "x");
+    dispatch(dt, [&](auto t) { relu_forward_t<decltype(t)>(x, y); });
+}
+
+void add(py::object a, py::object b, py::object out) {
+    const DType dt = float_dtype(as_ndarray(a, "a"), "a");
+    dispatch(dt, [&](auto t) { add_t<decltype(t)>(a, b, out); });
 }
 
 void relu_backward(py::object y, py::object gy, py::object gx) {

@@ -39,6 +39,8 @@ void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,
                  py::object gbeta);
 
 // elementwise.cpp ----------------------------------------------------------
+void relu_forward(py::object x, py::object y);
+void add(py::object a, py::object b, py::object out);
 void relu_backward(py::object y, py::object gy, py::object gx);
 void add_inplace(py::object dst, py::object src);
 void sgd_update(py::object p, py::object g, py::object buf, double lr, double momentum,

@@ -102,6 +102,12 @@ PYBIND11_MODULE(_C, m) {
           "gx, ggamma, gbeta are OVERWRITTEN; ggamma / gbeta may be None (not written),\n"
           "gamma may be None (1). Reductions in float64, one thread per channel.");
 
+    m.def("relu_forward", &minidnn::relu_forward, "x"_a, "y"_a,
+          "relu_forward(x, y) -> None\n\n"
+          "OVERWRITES y with max(x, 0) (NaN stays NaN); y may be x.");
+    m.def("add", &minidnn::add, "a"_a, "b"_a, "out"_a,
+          "add(a, b, out) -> None\n\n"
+          "OVERWRITES out with a + b, or with a copy of a where b is None; out may be a or b.");
     m.def("relu_backward", &minidnn::relu_backward, "y"_a, "gy"_a, "gx"_a,
           "relu_backward(y, gy, gx) -> None\n\n"
           "gx = gy where y > 0 else 0 (y is the ReLU output). Arrays of any shape with\n"

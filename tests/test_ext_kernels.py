@@ -421,6 +421,31 @@ def test_relu_backward_and_add_inplace(dtype):
     np.testing.assert_array_equal(d2, 2 * gy)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_forward_add_and_copy(dtype):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(300_001).astype(dtype)     # the parallel path
+    x[:4] = [np.nan, -np.inf, np.inf, -0.0]
+    y = np.full_like(x, 7)
+    _C.relu_forward(x, y)
+    np.testing.assert_array_equal(y, np.maximum(x, 0))  # NaN stays NaN, as numpy's and PyTorch's
+    x2 = x.copy()
+    _C.relu_forward(x2, x2)                             # in place
+    np.testing.assert_array_equal(x2, y)
+    b = rng.standard_normal(300_001).astype(dtype)
+    out = np.empty_like(x)
+    _C.add(x, b, out)
+    np.testing.assert_array_equal(out, x + b)
+    _C.add(b, None, out)                                # a copy
+    assert out.tobytes() == b.tobytes()
+    _C.add(out, out, out)                               # in place
+    np.testing.assert_array_equal(out, 2 * b)
+    with pytest.raises(ValueError, match="'b'"):
+        _C.add(x, b[1:], out)
+    with pytest.raises(ValueError, match="'y'"):
+        _C.relu_forward(x, y[1:])
+
+
 # --------------------------------------------------------------------- errors
 def test_errors():
     x = np.zeros((2, 3, 6, 6), np.float32)

@@ -18,14 +18,12 @@ class AddOp(Op):
         return [Spec(a.shape, dt)]
 
     def forward(self, ctx, ins, outs, ws):
-        xp = ctx.xp
-        xp.add(ins[0], ins[1], out=outs[0])
+        ctx.k.add(ins[0], ins[1], outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        xp = ctx.xp
         for g in gins:
             if g is not None:
-                xp.copyto(g, gouts[0])
+                ctx.k.add(gouts[0], None, g)     # a copy
 
 
 class CatOp(Op):

@@ -203,6 +203,15 @@ class CudaKernels:
                 raise ValueError("expected C-contiguous arrays")
 
     # -- elementwise -------------------------------------------------------
+    def relu_forward(self, x, y):
+        cp.maximum(x, 0, out=y)
+
+    def add(self, a, b, out):
+        if b is None:
+            cp.copyto(out, a)
+        else:
+            cp.add(a, b, out=out)
+
     def relu_backward(self, y, gy, gx):
         _relu_backward(y, gy, gx)
 
