@@ -191,7 +191,8 @@ PYBIND11_MODULE(_C, m) {
           "flip"_a = false, "m"_a = 2,
           "winograd_filter_transform(w, U, flip=False, m=2) -> None\n\n"
           "Winograd F(mxm,3x3) filter transform G g G^T of w (O, C, 3, 3) into U (a*a, O, C);\n"
-          "with flip, of the backward-data filter rot180(w[o, c]) into U (a*a, C, O); a = m + 2.");
+          "with flip, of each filter turned by 180 degrees (the backward-data pass's, whose\n"
+          "transpose U[t].T its GEMM reads); a = m + 2.");
 
     m.def("winograd_input_transform", &minidnn::winograd_input_transform, "x"_a, "V"_a, "ph"_a,
           "pw"_a, "m"_a = 2,

@@ -192,11 +192,9 @@ void filter_t(py::handle wo, py::handle uo, bool flip) {
     auto u = checked<T>(uo, "U", true);
     check_filter(w, "w");
     const index_t O = w.shape(0), C = w.shape(1);
-    // flip: the filter of the backward-data pass, w'[c, o] = rot180(w[o, c]), as (a*a, C, O)
-    if (flip)
-        check_shape(u, "U", {a * a, C, O});
-    else
-        check_shape(u, "U", {a * a, O, C});
+    // flip: each filter turned by 180 degrees, rot180(w[o, c]): the backward-data pass's filter
+    // w'[c, o], whose transpose the GEMM reads
+    check_shape(u, "U", {a * a, O, C});
     check_no_overlap(w, "w", u, "U");
     const T* wp = w.data();
     T* up = u.mutable_data();
@@ -204,11 +202,10 @@ void filter_t(py::handle wo, py::handle uo, bool flip) {
     const auto filt = [](const T* x, T* o) { F::filter(x, o); };
     const index_t OC = O * C;
     filter_runs(OC, OC * a * a, [&](index_t i0, index_t n) {
-        // U[t][i] for i in [i0, i0 + n): filter i of U's layout, read from w
+        // U[t][i] for the filters i in [i0, i0 + n)
         T g[9 * R], h[3 * a * R], out[a * a * R];
         for (index_t k = 0; k < n; ++k) {
-            const index_t i = i0 + k;
-            const T* f = wp + (flip ? (i % O) * C + i / O : i) * 9;
+            const T* f = wp + (i0 + k) * 9;
             for (int e = 0; e < 9; ++e) g[e * R + k] = f[flip ? 8 - e : e];
         }
         filters_2d<3, a>(filt, g, h, out, n);

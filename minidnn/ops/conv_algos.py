@@ -178,11 +178,9 @@ def _wino(g, m, role):
     V of x, D of the filter gradient), each with (m + 2)^2 points."""
     t = (m + 2) ** 2
     tiles = g.n * -(-(g.h if role == "data" else g.oh) // m) * -(-(g.w if role == "data" else g.ow) // m)
-    if role == "filter":
-        shapes = [(t, g.o, tiles), (t, g.c, tiles), (t, g.o, g.c)]
-    else:
-        a, b = (g.c, g.o) if role == "data" else (g.o, g.c)   # (outputs, inputs) of the pass
-        shapes = [(t, a, b), (t, b, tiles), (t, a, tiles)]
+    shapes = {"forward": [(t, g.o, g.c), (t, g.c, tiles), (t, g.o, tiles)],
+              "data": [(t, g.o, g.c), (t, g.o, tiles), (t, g.c, tiles)],    # U of the turned filters
+              "filter": [(t, g.o, tiles), (t, g.c, tiles), (t, g.o, g.c)]}[role]
     return [(s, g.dtype) for s in shapes]
 
 
@@ -473,12 +471,12 @@ def backward(op, k, x, w, gy, gx, gw, gb, ws, name, lanes=None):
             w3 = w.reshape(gr, g.o // gr, g.c // gr)
             np.matmul(w3.transpose(0, 2, 1), gy.reshape(g.n, gr, g.o // gr, g.l),
                       out=gx.reshape(g.n, gr, g.c // gr, g.h * g.w))
-        else:  # winograd: the gradient is a Winograd conv of gy by the flipped filter
+        else:  # winograd: the gradient is a Winograd conv of gy by the turned, transposed filter
             mt = WINOGRAD[fd]
             u, v, m = carve(ws, _wino(g, mt, "data"))
             k.winograd_filter_transform(w, u, True, mt)
             k.winograd_input_transform(gy, v, 2 - g.padding[0], 2 - g.padding[1], mt)
-            np.matmul(u, v, out=m)
+            np.matmul(u.transpose(0, 2, 1), v, out=m)
             k.winograd_output_transform(m, gx, None, mt)
     if want_filter:
         if ff == "im2col":
