@@ -6,88 +6,80 @@
 namespace minidnn {
 namespace {
 
-void check_same_size(const py::array& a, const char* na, const py::array& b,
-                     const char* nb) {
-    if (a.size() != b.size())
-        throw py::value_error(std::string("arguments '") + na + "' " + shape_str(a) +
-                              " and '" + nb + "' " + shape_str(b) +
-                              " must have the same number of elements");
+// `obj` as a T array (writeable if asked) of as many elements as `ref`, sharing no memory with
+// it unless it is `ref` itself (allow_identical) - or at all.
+template <typename T>
+py::array_t<T, py::array::c_style> like(py::handle obj, const char* name, const py::array& ref,
+                                        const char* ref_name, bool writeable, bool allow_identical = true) {
+    auto a = checked<T>(obj, name, writeable);
+    if (a.size() != ref.size())
+        throw py::value_error(std::string("arguments '") + ref_name + "' " + shape_str(ref) + " and '" +
+                              name + "' " + shape_str(a) + " must have the same number of elements");
+    check_no_overlap(ref, ref_name, a, name, allow_identical);
+    return a;
+}
+
+// f(i) for every i in [0, n), spread over threads (memory-bound loops: a larger grain), without
+// the GIL.
+template <typename Fn>
+void each(index_t n, Fn f) {
+    py::gil_scoped_release nogil;
+    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
+    for (index_t i = 0; i < n; ++i) f(i);
 }
 
 // y = max(x, 0); NaN stays NaN, as in PyTorch.
 template <typename T>
 void relu_forward_t(py::handle xo, py::handle yo) {
     auto x = checked<T>(xo, "x", false);
-    auto y = checked<T>(yo, "y", true);
-    check_same_size(x, "x", y, "y");
-    check_no_overlap(x, "x", y, "y", true);
+    auto y = like<T>(yo, "y", x, "x", true);
     const T* xp = x.data();
     T* yp = y.mutable_data();
-    const index_t n = x.size();
-    py::gil_scoped_release nogil;
-    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
-    for (index_t i = 0; i < n; ++i) {
+    each(x.size(), [&](index_t i) {
         const T v = xp[i];
         yp[i] = v < T(0) ? T(0) : v;
-    }
+    });
 }
 
 // out = a + b (out may be a or b); with b None, out = a (a copy).
 template <typename T>
 void add_t(py::handle ao, py::handle bo, py::handle oo) {
     auto a = checked<T>(ao, "a", false);
-    auto out = checked<T>(oo, "out", true);
-    check_same_size(a, "a", out, "out");
-    check_no_overlap(a, "a", out, "out", true);
-    py::array_t<T, py::array::c_style> b;
-    if (!bo.is_none()) {
-        b = checked<T>(bo, "b", false);
-        check_same_size(a, "a", b, "b");
-        check_no_overlap(b, "b", out, "out", true);
-    }
+    auto out = like<T>(oo, "out", a, "a", true);
     const T* ap = a.data();
-    const T* bp = bo.is_none() ? nullptr : b.data();
     T* op = out.mutable_data();
-    const index_t n = a.size();
-    py::gil_scoped_release nogil;
-    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
-    for (index_t i = 0; i < n; ++i) op[i] = bp ? ap[i] + bp[i] : ap[i];
+    if (bo.is_none()) {
+        each(a.size(), [&](index_t i) { op[i] = ap[i]; });
+        return;
+    }
+    auto b = like<T>(bo, "b", out, "out", false);
+    const T* bp = b.data();
+    each(a.size(), [&](index_t i) { op[i] = ap[i] + bp[i]; });
 }
 
 template <typename T>
 void relu_backward_t(py::handle yo, py::handle gyo, py::handle gxo) {
     auto y = checked<T>(yo, "y", false);
     auto gy = checked<T>(gyo, "gy", false);
-    auto gx = checked<T>(gxo, "gx", true);
-    check_same_size(y, "y", gy, "gy");
-    check_same_size(y, "y", gx, "gx");
-    check_no_overlap(y, "y", gx, "gx", true);
-    check_no_overlap(gy, "gy", gx, "gx", true);
+    auto gx = like<T>(gxo, "gx", y, "y", true);
+    like<T>(gyo, "gy", gx, "gx", false);
     const T* yp = y.data();
     const T* gyp = gy.data();
     T* gxp = gx.mutable_data();
-    const index_t n = y.size();
-    py::gil_scoped_release nogil;
-    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
-    for (index_t i = 0; i < n; ++i) {
+    each(y.size(), [&](index_t i) {
         // unconditional loads so that the select vectorises
         const T v = yp[i], g = gyp[i];
         gxp[i] = v > T(0) ? g : T(0);
-    }
+    });
 }
 
 template <typename T>
 void add_inplace_t(py::handle dsto, py::handle srco) {
     auto dst = checked<T>(dsto, "dst", true);
-    auto src = checked<T>(srco, "src", false);
-    check_same_size(dst, "dst", src, "src");
-    check_no_overlap(dst, "dst", src, "src", true);
+    auto src = like<T>(srco, "src", dst, "dst", false);
     T* dp = dst.mutable_data();
     const T* sp = src.data();
-    const index_t n = dst.size();
-    py::gil_scoped_release nogil;
-    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
-    for (index_t i = 0; i < n; ++i) dp[i] += sp[i];
+    each(dst.size(), [&](index_t i) { dp[i] += sp[i]; });
 }
 
 // One pass of PyTorch's SGD rule, in its order of operations (no contraction):
@@ -97,15 +89,12 @@ template <typename T>
 void sgd_update_t(py::handle po, py::handle go, py::handle bo, double lr, double momentum,
                   double dampening, double weight_decay, bool nesterov, bool first) {
     auto p = checked<T>(po, "p", true);
-    auto g = checked<T>(go, "g", false);
-    check_same_size(p, "p", g, "g");
-    check_no_overlap(p, "p", g, "g");
+    auto g = like<T>(go, "g", p, "p", false, false);
     T* bp = nullptr;
+    py::array_t<T, py::array::c_style> b;
     if (!bo.is_none()) {
-        auto b = checked<T>(bo, "buf", true);
-        check_same_size(p, "p", b, "buf");
-        check_no_overlap(p, "p", b, "buf");
-        check_no_overlap(g, "g", b, "buf");
+        b = like<T>(bo, "buf", p, "p", true, false);
+        like<T>(bo, "buf", g, "g", true, false);
         bp = b.mutable_data();
     }
     require(bp != nullptr || momentum == 0, "sgd_update: momentum needs a momentum buffer 'buf'");
@@ -113,19 +102,16 @@ void sgd_update_t(py::handle po, py::handle go, py::handle bo, double lr, double
     const T* gp = g.data();
     const T lr_ = T(lr), m = T(momentum), keep = T(1 - dampening), wd = T(weight_decay);
     const bool decay = weight_decay != 0, damp = dampening != 0;
-    const index_t n = p.size();
-    py::gil_scoped_release nogil;
-    MINIDNN_OMP_FOR(n >= 4 * kParallelGrain)
-    for (index_t i = 0; i < n; ++i) {
+    each(p.size(), [&](index_t i) {
         const T d = decay ? pp[i] * wd + gp[i] : gp[i];
         T s = d;
         if (bp) {
-            const T b = first ? d : bp[i] * m + (damp ? keep * d : d);
-            bp[i] = b;
-            s = nesterov ? d + b * m : b;
+            const T v = first ? d : bp[i] * m + (damp ? keep * d : d);
+            bp[i] = v;
+            s = nesterov ? d + v * m : v;
         }
         pp[i] -= s * lr_;
-    }
+    });
 }
 
 }  // namespace

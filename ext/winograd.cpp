@@ -185,57 +185,56 @@ void check_filter(const py::array& w, const char* name) {
             std::string("argument '") + name + "' must be (O, C, 3, 3), got shape " + shape_str(w));
 }
 
-template <typename T, typename F>
-void filter_t(py::handle wo, py::handle uo, bool flip) {
-    constexpr int a = F::a, R = kFilterRun;
-    auto w = checked<T>(wo, "w", false);
-    auto u = checked<T>(uo, "U", true);
-    check_filter(w, "w");
-    const index_t O = w.shape(0), C = w.shape(1);
-    // flip: each filter turned by 180 degrees, rot180(w[o, c]): the backward-data pass's filter
-    // w'[c, o], whose transpose the GEMM reads
-    check_shape(u, "U", {a * a, O, C});
-    check_no_overlap(w, "w", u, "U");
-    const T* wp = w.data();
-    T* up = u.mutable_data();
+// The separable transform t (I x I taps to O x O) of `count` filters, from src to dst, each
+// laid out by filter ((count, taps): a filter's taps together, reversed on reading with flip)
+// or by tap ((taps, count): one run of all filters per tap).
+template <int I, int O, typename T, typename Transform>
+void transform_filters(Transform t, const T* src, bool src_by_filter, bool flip, T* dst, bool dst_by_filter,
+                       index_t count) {
+    constexpr index_t R = kFilterRun;
     py::gil_scoped_release nogil;
-    const auto filt = [](const T* x, T* o) { F::filter(x, o); };
-    const index_t OC = O * C;
-    filter_runs(OC, OC * a * a, [&](index_t i0, index_t n) {
-        // U[t][i] for the filters i in [i0, i0 + n)
-        T g[9 * R], h[3 * a * R], out[a * a * R];
-        for (index_t k = 0; k < n; ++k) {
-            const T* f = wp + (i0 + k) * 9;
-            for (int e = 0; e < 9; ++e) g[e * R + k] = f[flip ? 8 - e : e];
+    filter_runs(count, count * O * O, [&](index_t i0, index_t n) {
+        T in[I * I * R], mid[I * O * R], out[O * O * R];   // tap e of filter i0 + k at [e * R + k]
+        for (int e = 0; e < I * I; ++e) {
+            if (src_by_filter)
+                for (index_t k = 0; k < n; ++k) in[e * R + k] = src[(i0 + k) * I * I + (flip ? I * I - 1 - e : e)];
+            else
+                std::memcpy(in + e * R, src + e * count + i0, static_cast<size_t>(n) * sizeof(T));
         }
-        filters_2d<3, a>(filt, g, h, out, n);
-        for (int t = 0; t < a * a; ++t)
-            std::memcpy(up + t * OC + i0, out + t * R, static_cast<size_t>(n) * sizeof(T));
+        filters_2d<I, O>(t, in, mid, out, n);
+        for (int e = 0; e < O * O; ++e) {
+            if (dst_by_filter)
+                for (index_t k = 0; k < n; ++k) dst[(i0 + k) * O * O + e] = out[e * R + k];
+            else
+                std::memcpy(dst + e * count + i0, out + e * R, static_cast<size_t>(n) * sizeof(T));
+        }
     });
 }
 
 template <typename T, typename F>
+void filter_t(py::handle wo, py::handle uo, bool flip) {
+    constexpr int a = F::a;
+    auto w = checked<T>(wo, "w", false);
+    auto u = checked<T>(uo, "U", true);
+    check_filter(w, "w");
+    // flip: each filter turned by 180 degrees, rot180(w[o, c]): the backward-data pass's filter
+    // w'[c, o], whose transpose the GEMM reads
+    check_shape(u, "U", {a * a, w.shape(0), w.shape(1)});
+    check_no_overlap(w, "w", u, "U");
+    const auto filt = [](const T* x, T* o) { F::filter(x, o); };   // G g G^T
+    transform_filters<3, a>(filt, w.data(), true, flip, u.mutable_data(), false, w.shape(0) * w.shape(1));
+}
+
+template <typename T, typename F>
 void filter_gradient_t(py::handle do_, py::handle gwo) {
-    constexpr int a = F::a, R = kFilterRun;
+    constexpr int a = F::a;
     auto d = checked<T>(do_, "D", false);
     auto gw = checked<T>(gwo, "gw", true);
     check_filter(gw, "gw");
-    const index_t O = gw.shape(0), C = gw.shape(1);
-    check_shape(d, "D", {a * a, O, C});
+    check_shape(d, "D", {a * a, gw.shape(0), gw.shape(1)});
     check_no_overlap(d, "D", gw, "gw");
-    const T* dp = d.data();
-    T* gp = gw.mutable_data();
-    py::gil_scoped_release nogil;
-    const auto fgrad = [](const T* x, T* o) { F::filter_gradient(x, o); };
-    const index_t OC = O * C;
-    filter_runs(OC, OC * a * a, [&](index_t i0, index_t n) {
-        T m[a * a * R], h[3 * a * R], g[9 * R];
-        for (int t = 0; t < a * a; ++t)
-            std::memcpy(m + t * R, dp + t * OC + i0, static_cast<size_t>(n) * sizeof(T));
-        filters_2d<a, 3>(fgrad, m, h, g, n);
-        for (index_t k = 0; k < n; ++k)
-            for (int e = 0; e < 9; ++e) gp[(i0 + k) * 9 + e] = g[e * R + k];
-    });
+    const auto fgrad = [](const T* x, T* o) { F::filter_gradient(x, o); };   // G^T d G
+    transform_filters<a, 3>(fgrad, d.data(), false, false, gw.mutable_data(), true, gw.shape(0) * gw.shape(1));
 }
 
 // The a*a points of every tile of src (N, C, H, W) padded by (ph, pw) into dst (a*a, C, N*TH*TW):
