@@ -10,8 +10,11 @@ import sys
 OMP_RUNTIME_LOADED_BEFORE = "OMP_WAIT_POLICY" not in os.environ and "torch" in sys.modules
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # OpenBLAS's worker threads likewise spin after each call, by default for 2^28 cycles (a tenth
-# of a second): through the OpenMP kernels that follow a GEMM, on a core they need. 2^16 cycles
-# (tens of microseconds) still carries one GEMM into the next. Read when NumPy loads OpenBLAS.
+# of a second): through the OpenMP kernels that follow a GEMM, on a core they need (the implicit
+# convolution's backward measured 2x slower right after a GEMM; a ResNet-18 step 1.4x). 2^16
+# cycles (tens of microseconds) still carries one GEMM into the next. OpenBLAS reads this when
+# it loads, with NumPy: where NumPy came first it is too late, and the CPU backend warns.
+OPENBLAS_LOADED_BEFORE = "OPENBLAS_THREAD_TIMEOUT" not in os.environ and "numpy" in sys.modules
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
 from . import nn, optim  # noqa: E402

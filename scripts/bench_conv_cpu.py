@@ -22,6 +22,7 @@ import sys
 import time
 import types
 
+import minidnn  # noqa: F401  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
 import numpy as np
 
 import minidnn._C as K

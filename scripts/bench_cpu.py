@@ -20,9 +20,9 @@ import argparse
 import statistics
 import time
 
+import minidnn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
 import numpy as np
 
-import minidnn
 from minidnn import models, nn, optim
 from minidnn.backend.cpu import CPUBackend
 

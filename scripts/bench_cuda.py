@@ -17,10 +17,9 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import minidnn as mdn  # noqa: E402
+import minidnn as mdn  # noqa: E402  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
+import numpy as np  # noqa: E402
 from minidnn import models, nn, optim  # noqa: E402
 
 

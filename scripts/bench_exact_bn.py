@@ -17,9 +17,9 @@ import argparse
 import statistics
 import time
 
+import minidnn as mdn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
 import numpy as np
 
-import minidnn as mdn
 from minidnn import models, nn, optim
 
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import time
 
+import minidnn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
 import numpy as np
 
-import minidnn
 from minidnn import MemoryBudgetError, models, nn, optim
 from minidnn.memory import MemoryConfig, format_bytes, parse_bytes, plan_memory
 from minidnn.memory.planner import minimum_bytes

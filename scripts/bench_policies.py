@@ -35,9 +35,9 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+import minidnn as mdn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
 import numpy as np
 
-import minidnn as mdn
 from minidnn import models, nn, optim
 from minidnn.autograd import build_schedule
 from minidnn.errors import MemoryBudgetError

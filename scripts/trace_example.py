@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
+import minidnn as mdn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
 import numpy as np
 
-import minidnn as mdn
 from minidnn import models, nn, optim
 from minidnn.cli import write_trace
 from minidnn.trace import stats

@@ -7,6 +7,7 @@ import functools
 import os
 import sys
 
+import minidnn  # noqa: F401  first: it sets OpenBLAS's thread timeout, which OpenBLAS reads when NumPy loads it
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))

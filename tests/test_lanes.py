@@ -103,3 +103,25 @@ def test_cpu_plans_choose_among_lanes_device_profile_plans_do_not():
     assert np.isfinite(tr.step(rng.standard_normal((8, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 8)))
     simulated = plan_memory(tr.plan.schedule, MemoryConfig(profile="titanx-12gb"))
     assert not {s.algo for s in simulated.program.steps if s.algo and "x" in s.algo}
+
+
+def test_the_cpu_backend_warns_when_numpy_came_first_with_threaded_openblas(monkeypatch):
+    """OpenBLAS reads its thread timeout when NumPy loads it: imported after NumPy, minidnn cannot
+    set it, and says how to; with it set (or no threaded OpenBLAS), nothing is said."""
+    import warnings
+
+    import minidnn
+    from minidnn.backend.cpu import CPUBackend
+    # this process imported minidnn first (tests/conftest.py): its OpenBLAS threads yield at once
+    assert not minidnn.OPENBLAS_LOADED_BEFORE
+    monkeypatch.setattr(minidnn, "OMP_RUNTIME_LOADED_BEFORE", False)
+    for before, threaded, warns in [(True, True, True), (True, False, False), (False, True, False)]:
+        monkeypatch.setattr(minidnn, "OPENBLAS_LOADED_BEFORE", before)
+        monkeypatch.setattr(Lanes, "threaded_openblas", lambda self, t=threaded: t)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            CPUBackend()
+        said = [str(w.message) for w in caught if "OPENBLAS_THREAD_TIMEOUT" in str(w.message)]
+        assert bool(said) == warns, (before, threaded)
+        if warns:
+            assert "import minidnn before NumPy" in said[0]

@@ -31,12 +31,17 @@ class CPUBackend:
         self.k = _C
         self.lanes = Lanes(_C)
         self.conv = conv_algos.Convolutions(self.lanes, implicit, winograd)   # the convolution algorithms
-        from .. import OMP_RUNTIME_LOADED_BEFORE
+        from .. import OMP_RUNTIME_LOADED_BEFORE, OPENBLAS_LOADED_BEFORE
         if OMP_RUNTIME_LOADED_BEFORE:
             warnings.warn("PyTorch was imported before minidnn and loaded the OpenMP runtime with spinning "
                           "worker threads, which can make minidnn's CPU kernels several times slower: import "
                           "minidnn first, or set OMP_WAIT_POLICY=PASSIVE in the environment", RuntimeWarning,
                           stacklevel=3)
+        if OPENBLAS_LOADED_BEFORE and self.lanes.threaded_openblas():
+            warnings.warn("NumPy was imported before minidnn, so its OpenBLAS threads keep spinning for about "
+                          "0.1 s after every call, on the cores minidnn's kernels need next (a ResNet-18 step "
+                          "measured 1.4x slower): import minidnn before NumPy, or set "
+                          "OPENBLAS_THREAD_TIMEOUT=16 in the environment", RuntimeWarning, stacklevel=3)
 
     def empty(self, nbytes: int) -> np.ndarray:
         """A byte buffer of ``nbytes`` whose address is a multiple of the alignment."""

@@ -33,6 +33,10 @@ class Lanes:
             self._blas = ThreadpoolController().select(user_api="blas").lib_controllers
         return self._blas
 
+    def threaded_openblas(self) -> bool:
+        """Whether an OpenBLAS with worker threads is loaded (BLAS libraries as threadpoolctl sees them)."""
+        return any(lib.internal_api == "openblas" and lib.num_threads > 1 for lib in self._blas_libraries())
+
     def run(self, fn, p):
         """``fn(0), ..., fn(p - 1)`` side by side; returns when all are done (re-raising the first error)."""
         pool = self._workers(p)
