@@ -351,16 +351,18 @@ def _implicit_speed(g, role):
 
 
 def _winograd_speed(g, m, role):
-    """Winograd F(mxm, 3x3) relative to im2col (fits to scripts/bench_conv_cpu.py, 2-core AVX-512
-    Xeon): its GEMMs run at about twice im2col's rate where they sum over 128 or more channels
-    (or tiles, in the filter pass), at im2col's below; each element of the transformed filter,
-    input and output costs the time of about 120 of im2col's flops (written once, read once)."""
+    """Winograd F(mxm, 3x3) relative to im2col (fits to scripts/bench_conv_cpu.py and to A/B runs of
+    ResNet-18 steps, 2-core AVX-512 Xeon): its GEMMs run at about twice im2col's rate where they sum
+    over 128 or more channels (or tiles, in the filter pass), at im2col's below; each element of
+    the transformed filter, input and output costs the time of about 60 of im2col's flops, up to
+    twice that on planes of few tiles, where each plane's own overhead weighs."""
     shapes = [s for s, _ in _wino(g, m, role)]
     tiles = shapes[0][2] if role == "filter" else shapes[1][2]
     inner = {"forward": g.c, "data": g.o, "filter": tiles}[role]
     gemm = 2.0 * (m + 2) ** 2 * g.o * g.c * tiles * (0.53 if inner >= 128 else 1.0)
     elements = sum(int(np.prod(s)) for s in shapes)
-    return (gemm + 120.0 * elements) / (2.0 * g.n * g.o * g.c * 9 * g.oh * g.ow)
+    per_element = 60.0 * (1 + 4 * g.n / tiles)          # tiles / g.n: the tiles of one plane
+    return (gemm + per_element * elements) / (2.0 * g.n * g.o * g.c * 9 * g.oh * g.ow)
 
 
 def _part_speed(g, part, role, winograd):
