@@ -32,7 +32,7 @@ except ImportError:          # Windows: atomic replace only, no lock
     fcntl = None
 
 FLUSH_BYTES = 64 << 20   # streamed (two float32 halves added) before each timed run: more than a last-level cache
-VERSION = 4   # bump when the algorithms or the timing rule change enough to invalidate old timings
+VERSION = 5   # bump when the algorithms or the timing rule change enough to invalidate old timings
 
 
 def default_path() -> str:
