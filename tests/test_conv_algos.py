@@ -120,7 +120,7 @@ def test_listed_algorithms():
     # the op's own list (what plans for a device profile choose from) has no lanes; the CPU backend's has
     assert [a.name for a in op.algorithms(in_specs, out_specs, "forward")] == conv_algos.names(g, "forward")
     assert [a.name for a in CONV.algorithms(op, in_specs, out_specs, "forward")] == \
-        conv_algos.names(g, "forward", conv_algos.default_lanes(), CONV.implicit, winograd=True)
+        conv_algos.names(g, "forward", conv_algos.default_lanes(), CONV.implicit, cpu=True)
     bwd = {a.name: a.workspace for a in op.algorithms(in_specs, out_specs, "backward")}
     assert {"im2col", "im2col_chunk2", "im2col_chunk1", "direct", "winograd/im2col", "winograd/direct",
             "direct/im2col_chunk1", "im2col/direct"} <= set(bwd)

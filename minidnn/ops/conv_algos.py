@@ -268,14 +268,14 @@ def lane_chunk_sizes(n, p):
     return sorted({k for k in (per, -(-per // 2), 1) if k < n}, reverse=True) if p > 1 else []
 
 
-def names(g: Geom, pass_, lanes=1, implicit=False, winograd=False):
+def names(g: Geom, pass_, lanes=1, implicit=False, cpu=False):
     """The algorithm names that apply to this layer and pass on ``lanes`` lanes, the default first;
-    ``implicit`` where this CPU runs it; ``winograd``: the CPU backend's Winograd set (F(2x2) and
-    F(4x4), all three passes), else F(2x2,3x3) for the forward and data passes."""
+    ``implicit`` where this CPU runs it; ``cpu``: the CPU backend's own set (Winograd F(2x2) and
+    F(4x4), all three passes), else the portable one (F(2x2,3x3) for the forward and data passes)."""
     chunks = ([f"im2col_chunk{k}" for k in chunk_sizes(g.n)]
               + [f"im2col_chunk{k}x{lanes}" for k in lane_chunk_sizes(g.n, lanes)])
     zero = (["direct"] if g.direct else []) + (["gemm1x1"] if g.is_1x1 else [])
-    wino = list(WINOGRAD) if winograd else ["winograd"]
+    wino = list(WINOGRAD) if cpu else ["winograd"]
     if pass_ == "forward":
         return (["im2col"] + chunks + zero + (wino if g.is_winograd else [])
                 + (["implicit"] if implicit and g.implicit else []))
@@ -283,7 +283,7 @@ def names(g: Geom, pass_, lanes=1, implicit=False, winograd=False):
         raise ValueError(f"pass must be 'forward' or 'backward', got {pass_!r}")
     data = (["im2col"] + chunks + zero + (wino if g.winograd_data else [])
             + (["implicit"] if implicit and g.implicit_data else []))
-    filt = (["im2col"] + chunks + zero + (wino if winograd and g.is_winograd else [])
+    filt = (["im2col"] + chunks + zero + (wino if cpu and g.is_winograd else [])
             + (["implicit"] if implicit and g.implicit else []))
     out = []
     for d in data:
@@ -298,9 +298,8 @@ def names(g: Geom, pass_, lanes=1, implicit=False, winograd=False):
 
 
 @functools.lru_cache(maxsize=1024)   # a pure function of the shape; deep networks repeat few shapes
-def algorithms(g: Geom, pass_, lanes=1, implicit=False, winograd=False):
-    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_, winograd))
-            for n in names(g, pass_, lanes, implicit, winograd)]
+def algorithms(g: Geom, pass_, lanes=1, implicit=False, cpu=False):
+    return [Algo(n, workspace(g, n, pass_), speed(g, n, pass_, cpu)) for n in names(g, pass_, lanes, implicit, cpu)]
 
 
 def implicit_available() -> bool:
@@ -365,15 +364,17 @@ def _winograd_speed(g, m, role):
     return (gemm + per_element * elements) / (2.0 * g.n * g.o * g.c * 9 * g.oh * g.ow)
 
 
-def _part_speed(g, part, role, winograd):
+def _part_speed(g, part, role, cpu):
     fam, k, p = _family(part)
     if fam == "implicit":
         return _implicit_speed(g, role)
-    if fam in WINOGRAD and winograd:
+    if fam in WINOGRAD and cpu:
         return _winograd_speed(g, WINOGRAD[fam], role)
     sp = _SPEED[role][fam]
     if fam == "im2col" and k is not None and k < g.n:
         sp *= 1.0 + 0.1 * (k == 1 and g.n >= 8)   # many small GEMMs
+        if cpu and k * g.l < 256:
+            sp *= 1.3                             # GEMMs over fewer than 256 columns (VGG-11: 2x2 planes)
     if p > 1:
         sp *= _lane_speed(g, role)
     if fam == "direct" and g.stride != (1, 1):
@@ -384,13 +385,13 @@ def _part_speed(g, part, role, winograd):
     return sp
 
 
-def speed(g: Geom, name, pass_, winograd=False) -> float:
-    """A rough time of the named algorithm relative to the default (1.0); ``winograd``: Winograd's
-    from the model of the CPU backend's kernels."""
+def speed(g: Geom, name, pass_, cpu=False) -> float:
+    """A rough time of the named algorithm relative to the default (1.0); ``cpu``: from the models
+    of the CPU backend's kernels, else the hints plans for device profiles have always used."""
     d, f = split(name, pass_)
     if f is None:
-        return _part_speed(g, d, "forward", winograd)
-    return 0.5 * (_part_speed(g, d, "data", winograd) + _part_speed(g, f, "filter", winograd))
+        return _part_speed(g, d, "forward", cpu)
+    return 0.5 * (_part_speed(g, d, "data", cpu) + _part_speed(g, f, "filter", cpu))
 
 
 # ------------------------------------------------------------------ the passes
@@ -582,7 +583,7 @@ class Convolutions:
         if op.name != "conv2d":
             return op.algorithms(in_specs, out_specs, pass_)
         algos = algorithms(Geom.of(op, in_specs[0], in_specs[1], out_specs[0]), pass_, default_lanes(),
-                           self.implicit, True)
+                           self.implicit, cpu=True)
         return algos if self.winograd else [a for a in algos if not WINOGRAD.keys() & set(split(a.name, pass_))]
 
     def forward(self, op, k, x, w, b, y, ws, name):
