@@ -150,9 +150,8 @@ def _check(g: Geom, part, role):
     """(family, chunk size, lanes) of a part that applies to this layer and role."""
     fam, k, p = _family(part)
     ok = {"im2col": True, "direct": g.direct, "gemm1x1": g.is_1x1,
-          "winograd": g.winograd_data if role == "data" else g.is_winograd,
-          "winograd4x4": g.winograd_data if role == "data" else g.is_winograd,
-          "implicit": g.implicit_data if role == "data" else g.implicit}[fam]
+          "implicit": g.implicit_data if role == "data" else g.implicit,
+          **dict.fromkeys(WINOGRAD, g.winograd_data if role == "data" else g.is_winograd)}[fam]
     if not ok:
         raise ValueError(f"convolution algorithm {part!r} does not apply to the {role} pass of this layer "
                          f"(kernel {g.kh}x{g.kw}, stride {g.stride}, padding {g.padding}, "
@@ -174,7 +173,7 @@ WINOGRAD = {"winograd": 2, "winograd4x4": 4}   # family -> m of F(mxm, 3x3)
 
 def _wino(g, m, role):
     """The Winograd workspace: the transformed filter, input and output of the forward (U, V, M),
-    of the data pass (U of the flipped filter, gy's V, gx's M), or of the filter pass (Z of gy,
+    of the data pass (U of the turned filters, gy's V, gx's M), or of the filter pass (Z of gy,
     V of x, D of the filter gradient), each with (m + 2)^2 points."""
     t = (m + 2) ** 2
     tiles = g.n * -(-(g.h if role == "data" else g.oh) // m) * -(-(g.w if role == "data" else g.ow) // m)
