@@ -116,7 +116,7 @@ void bn_stats_t(py::handle xo, py::handle mo, py::handle vo) {
 
 template <typename T>
 void bn_forward_t(py::handle xo, py::handle go, py::handle bo, py::handle mo,
-                  py::handle io, py::handle yo) {
+                  py::handle io, py::handle yo, bool relu) {
     auto x = checked<T>(xo, "x", false);
     auto mean = checked<T>(mo, "mean", false);
     auto invstd = checked<T>(io, "invstd", false);
@@ -152,7 +152,14 @@ void bn_forward_t(py::handle xo, py::handle go, py::handle bo, py::handle mo,
         const T a = alpha[c], b = shift[c];
         const T* xs = xp + nc * s.L;
         T* ys = yp + nc * s.L;
-        for (index_t l = 0; l < s.L; ++l) ys[l] = xs[l] * a + b;
+        if (relu) {   // relu_forward's select on the same value: bitwise the two steps' result
+            for (index_t l = 0; l < s.L; ++l) {
+                const T v = xs[l] * a + b;
+                ys[l] = v < T(0) ? T(0) : v;
+            }
+        } else {
+            for (index_t l = 0; l < s.L; ++l) ys[l] = xs[l] * a + b;
+        }
     }
 }
 
@@ -237,9 +244,9 @@ void bn_stats(py::object x, py::object mean, py::object var) {
 }
 
 void bn_forward_train(py::object x, py::object gamma, py::object beta,
-                      py::object mean, py::object invstd, py::object y) {
+                      py::object mean, py::object invstd, py::object y, bool relu) {
     const DType dt = float_dtype(as_ndarray(x, "x"), "x");
-    dispatch(dt, [&](auto t) { bn_forward_t<decltype(t)>(x, gamma, beta, mean, invstd, y); });
+    dispatch(dt, [&](auto t) { bn_forward_t<decltype(t)>(x, gamma, beta, mean, invstd, y, relu); });
 }
 
 void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,

@@ -89,6 +89,9 @@ class _Bound:
             self.args.append(([v(t) for t in s.ins], [v(t) for t in s.outs], [v(t) for t in s.gouts],
                               [v(t) for t in s.gins], v(s.ws), [v(t) for t in s.reads],
                               [v(t) for t in s.updates], extra))
+        # per recomputation, which outputs it restores (the others are on the device)
+        self.restore = [tuple(u in s.writes for u in s.outs) if s.kind == "recompute" else None
+                        for s in prog.steps]
         n = len(prog.steps)
         self.allocs = [[] for _ in range(n)]
         self.frees = [[] for _ in range(n)]
@@ -225,7 +228,7 @@ class Executor:
             elif kind == "recompute":
                 ctx.recompute = True
                 try:
-                    step.node.op.forward(ctx, ins, outs, ws)
+                    step.node.op.recompute(ctx, ins, outs, ws, b.restore[i])
                 finally:
                     ctx.recompute = False
             elif kind == "offload":

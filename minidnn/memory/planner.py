@@ -192,7 +192,11 @@ class _Candidates:
             ts = self.touch.get(u, [])
             if ts and ts[0] <= at <= ts[-1]:
                 continue                  # alive at the restore point if not evicted itself
-            c += self._recompute_cost(u, at, producer, depth + 1)
+            inner = self._recompute_cost(u, at, producer, depth + 1)
+            up = producer.get(u)
+            if up is not None and src.ins == [u] and up.node.op.fused(src.node.op) is not None:
+                inner -= self.secs[up.index]     # recomputed fused with src's forward: src's one pass
+            c += inner
         return c
 
     def _costs(self, rows):

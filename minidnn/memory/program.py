@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..graph import Spec
+from ..graph import Node, Spec
 from ..schedule import WORKSPACE, Step, Tensor, aligned
 
 
@@ -205,6 +205,7 @@ class _Lowering:
             todo.append((t, True))
             todo.extend((u, False) for u in reversed(list(dict.fromkeys(x for x in src.ins if x is not None)))
                         if not self.tensors[u].persistent and u not in self.cur and u not in seen)
+        order = self.fuse(order, needed)
         last = {}                             # restored value -> the last chain step that reads it
         for kind, what in order:
             if kind == "prefetch":
@@ -218,6 +219,28 @@ class _Lowering:
             for u in ([what] if kind == "prefetch" else what.outs):
                 if u in self.cur and self.res[self.cur[u]].origin != "compute" and self.droppable(u, needed):
                     self.close(u, last.get(u, self.res[self.cur[u]].start))
+
+    def fuse(self, order, needed) -> list:
+        """``order`` with each recomputation whose first output nothing reads but the next one
+        (nor the current step, nor a use of its own within ``keep_within``) merged with it into
+        one step of the fused op (:meth:`Op.fused`), which never writes that output. The merged
+        step stands for the second (its cost: one pass over the same bytes)."""
+        out, k = [], 0
+        while k < len(order):
+            (kind, a), (kind2, b) = order[k], order[k + 1] if k + 1 < len(order) else (None, None)
+            op = (a.node.op.fused(b.node.op)
+                  if kind == kind2 == "recompute" and a.outs and b.ins == a.outs[:1] else None)
+            if (op is None or a.outs[0] in needed or not self.droppable(a.outs[0], needed)
+                    or any(a.outs[0] in w.ins for kd, w in order[k + 2:] if kd == "recompute")):
+                out.append(order[k])
+                k += 1
+                continue
+            node = Node(a.node.id, op, a.node.inputs, b.node.outputs[:1] + a.node.outputs[1:], a.node.path)
+            out.append(("recompute", Step(b.index, b.kind, f"{a.label}+{b.node.op.name}", node=node,
+                                          reads=list(a.reads), ins=list(a.ins), outs=b.outs[:1] + a.outs[1:],
+                                          ws=a.ws, flops=a.flops + b.flops)))
+            k += 2
+        return out
 
     def _recompute(self, src) -> int:
         """Emit a recomputation of schedule step ``src`` (its inputs on the device); its index."""

@@ -78,6 +78,17 @@ class Op:
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         raise NotImplementedError
 
+    def recompute(self, ctx, ins, outs, ws, restore):
+        """Run the forward again during the backward (``ctx.recompute`` is set) to restore the
+        outputs flagged in ``restore``; the others are on the device as the forward left them."""
+        self.forward(ctx, ins, outs, ws)
+
+    def fused(self, consumer):
+        """An op that runs this op's forward and then ``consumer``'s on this op's first output,
+        in one pass that never writes that output (outputs: the consumer's, then this op's
+        others), or None. The lowering recomputes such a pair as one step."""
+        return None
+
     def __repr__(self):
         return self.name
 

@@ -3,11 +3,15 @@
 Training-mode forward writes the batch mean and inverse std as two small extra
 outputs (the backward reads them) and updates the running statistics in place
 - except when it runs again as a recomputation, so statistics move once a step.
+A recomputation whose statistics are still on the device normalizes with them
+(one pass instead of three), and one followed by a ReLU recomputes both in
+that pass (:class:`BatchNorm2dReLUOp`).
 """
 from __future__ import annotations
 
 from ..errors import ShapeError
 from ..graph import Spec
+from .activation import ReLUOp
 from .base import Op, apply
 
 
@@ -17,6 +21,7 @@ class BatchNorm2dOp(Op):
     saved_outputs = (1, 2)
     no_grad_inputs = (3, 4)
     flops_per_output = 8
+    relu = False          # y = relu(batch_norm(x)): the fused recomputation's op
 
     def __init__(self, training=True, momentum=0.1, eps=1e-5):
         self.training, self.momentum, self.eps = training, momentum, eps
@@ -42,7 +47,7 @@ class BatchNorm2dOp(Op):
             xp.add(rvar, self.eps, out=invstd)
             xp.sqrt(invstd, out=invstd)
             xp.reciprocal(invstd, out=invstd)
-            ctx.k.bn_forward_train(x, gamma, beta, rmean, invstd, y)
+            ctx.k.bn_forward_train(x, gamma, beta, rmean, invstd, y, self.relu)
             return
         ctx.k.bn_stats(x, mean, invstd)          # invstd holds the biased variance here
         # statistics move once a step, and never towards a non-finite batch (whose loss
@@ -57,7 +62,20 @@ class BatchNorm2dOp(Op):
         invstd += self.eps
         xp.sqrt(invstd, out=invstd)
         xp.reciprocal(invstd, out=invstd)
-        ctx.k.bn_forward_train(x, gamma, beta, mean, invstd, y)
+        ctx.k.bn_forward_train(x, gamma, beta, mean, invstd, y, self.relu)
+
+    def recompute(self, ctx, ins, outs, ws, restore):
+        if self.training and not (restore[1] or restore[2]):
+            # the batch statistics are on the device as the forward computed them: y from them
+            # alone is one pass, and the forward's bits
+            ctx.k.bn_forward_train(ins[0], ins[1], ins[2], outs[1], outs[2], outs[0], self.relu)
+        else:
+            self.forward(ctx, ins, outs, ws)
+
+    def fused(self, consumer):
+        if isinstance(consumer, ReLUOp) and not self.relu:
+            return BatchNorm2dReLUOp(self.training, self.momentum, self.eps)
+        return None
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         xp = ctx.xp
@@ -76,6 +94,20 @@ class BatchNorm2dOp(Op):
             gins[1][...] = invstd * (sum_gyx - mean * sum_gy)
         if gins[0] is not None:
             xp.multiply(gy, (gamma * invstd).reshape(1, -1, 1, 1), out=gins[0])
+
+
+class BatchNorm2dReLUOp(BatchNorm2dOp):
+    """BatchNorm2d then ReLU in one pass, for recomputation only: the lowering runs it where a
+    recomputed BatchNorm2d output feeds nothing but a recomputed ReLU. Its outputs are the
+    ReLU's, the mean and the inverse std. The graph keeps the two ops, so this one has no
+    backward."""
+
+    name = "batch_norm2d_relu"
+    relu = True
+
+    def backward(self, ctx, ins, outs, gouts, gins, ws):
+        raise NotImplementedError("batch_norm2d_relu runs only as a recomputation; the graph holds "
+                                  "batch_norm2d and relu, whose backwards run")
 
 
 def batch_norm2d(x, weight, bias, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):

@@ -151,14 +151,17 @@ extern "C" __global__ void avgpool_bwd(const T* gy, T* gx, long long planes, int
 }
 """
 
+_relu_forward = cp.ElementwiseKernel("T x", "T y", "y = x < (T)0 ? (T)0 : x", "minidnn_relu_forward")
 _relu_backward = cp.ElementwiseKernel("T y, T gy", "T gx", "gx = y > (T)0 ? gy : (T)0", "minidnn_relu_backward")
 _bn_apply = cp.ElementwiseKernel(
-    "T x, raw T gamma, raw T beta, raw T mean, raw T invstd, int64 L, int64 C, bool has_g, bool has_b", "T y",
+    "T x, raw T gamma, raw T beta, raw T mean, raw T invstd, int64 L, int64 C, bool has_g, bool has_b, bool relu",
+    "T y",
     """
     const long long c = (i / L) % C;
     const double a = (double)invstd[c] * (has_g ? (double)gamma[c] : 1.0);
     const double s = (has_b ? (double)beta[c] : 0.0) - (double)mean[c] * a;
-    y = (T)((double)x * a + s);
+    const T v = (T)((double)x * a + s);
+    y = relu && v < (T)0 ? (T)0 : v;
     """, "minidnn_bn_apply")
 _bn_grad = cp.ElementwiseKernel(
     "T x, T gy, raw T gamma, raw T mean, raw T invstd, raw float64 sgy, raw float64 sgyx, int64 L, int64 C, "
@@ -204,7 +207,7 @@ class CudaKernels:
 
     # -- elementwise -------------------------------------------------------
     def relu_forward(self, x, y):
-        cp.maximum(x, 0, out=y)
+        _relu_forward(x, y)     # the select bn_forward_train(relu=True) makes: the same bits
 
     def add(self, a, b, out):
         if b is None:
@@ -239,11 +242,11 @@ class CudaKernels:
         s0, _ = self._reduce(x, 1, m=mean)
         var[...] = s0 / m
 
-    def bn_forward_train(self, x, gamma, beta, mean, invstd, y):
+    def bn_forward_train(self, x, gamma, beta, mean, invstd, y, relu=False):
         self._check(x, gamma, beta, mean, invstd, y)
         c = x.shape[1]
         _bn_apply(x, gamma if gamma is not None else mean, beta if beta is not None else mean, mean, invstd,
-                  np.int64(x.size // (x.shape[0] * c)), np.int64(c), gamma is not None, beta is not None, y)
+                  np.int64(x.size // (x.shape[0] * c)), np.int64(c), gamma is not None, beta is not None, relu, y)
 
     def bn_backward(self, x, gy, gamma, mean, invstd, gx, ggamma=None, gbeta=None):
         self._check(x, gy, gamma, mean, invstd, gx, ggamma, gbeta)
