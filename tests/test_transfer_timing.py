@@ -14,7 +14,7 @@ from minidnn.errors import MemoryBudgetError
 from minidnn.memory import MemoryConfig, plan_memory
 from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.planner import make_plan
-from minidnn.memory.transfers import hide_transfers, offload_recomputations, timeline
+from minidnn.memory.transfers import hide_transfers, offload_recomputations, recompute_stalled, timeline
 from minidnn.memory.program import Evict, touches
 from minidnn.report import shapes_only, training_schedule
 
@@ -62,6 +62,27 @@ def test_retimed_transfers_fit_and_are_faster_than_just_in_time(net, shape, budg
     assert any(ev.lead > 0 or ev.delay > 0 for ev in timed.evictions.values())
     # the planner keeps the fastest plan it finds: never slower than the retimed one
     assert plan.simulation.seconds <= timed.simulation.seconds + 1e-12
+
+
+def test_offloads_the_compute_waits_for_are_recomputed(resnet50):
+    cost = CachedCost(ProfileCost("titanx-12gb"))
+    plan = plan_memory(resnet50, MemoryConfig(budget="12GiB", profile="titanx-12gb", policy="swap"))
+    limit = plan.budget - plan.persistent_bytes
+    late = rebuild(resnet50, plan, cost, untimed(plan))        # copies just in time: the compute waits
+    assert late.simulation.stall_seconds > 0.01 * late.simulation.seconds
+
+    def plan_fn(ev):
+        p = rebuild(resnet50, plan, cost, ev)
+        return p if p.arena_bytes <= limit else make_plan(resnet50, ev, None, plan.policy, touch=touches(resnet50))
+    fixed = recompute_stalled(plan_fn, late, resnet50, touches(resnet50))
+    assert fixed.arena_bytes <= limit
+    assert fixed.simulation.seconds < late.simulation.seconds
+    assert fixed.simulation.stall_seconds < late.simulation.stall_seconds
+    changed = {k for k in late.evictions if fixed.evictions[k] != late.evictions[k]}
+    assert changed and all(late.evictions[k].kind == "offload" and fixed.evictions[k].kind == "recompute"
+                           for k in changed)
+    assert recompute_stalled(plan_fn, plan_memory(resnet50, MemoryConfig(profile="titanx-12gb")),
+                             resnet50, touches(resnet50)).evictions == {}     # nothing waits: unchanged
 
 
 def test_prefetches_come_early_where_memory_is_free(resnet20):

@@ -4,8 +4,10 @@ The policies decide what to evict; ``plan_memory`` hands each policy's plan
 to :func:`timed_transfers`, which times its copies on the copy stream
 (:func:`hide_transfers`) and, for a policy free to choose between copying and
 recomputing, turns recomputations into offloads where the stream has room
-left (:func:`offload_recomputations`). Each candidate is lowered, placed and
-replayed by the simulator; the fastest that fits the budget is kept.
+left (:func:`offload_recomputations`) and offloads that the compute still
+waits for into recomputations (:func:`recompute_stalled`). Each candidate is
+lowered, placed and replayed by the simulator; the fastest that fits the
+budget is kept.
 """
 from __future__ import annotations
 
@@ -111,7 +113,9 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     Where holding a buffer longer or prefetching it earlier would lift the memory of its steps
     above the budget, it is held or prefetched only as far as the budget allows (the curve of
     schedule steps, less a headroom for what placement adds); where the placed plan still exceeds
-    ``limit``, a share of each buffer's extension is bisected for. The queued timing is tried
+    ``limit``, the faster of two repairs: the headroom grown by twice the overshoot (only the
+    buffers held where memory is tight give way) and a share of every extension, bisected
+    for. The queued timing is tried
     first; where it does not fit or still stalls for over 1% of the step, the own timing too,
     and the faster plan wins."""
     offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
@@ -152,36 +156,57 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
             issue[k] = min(due, max(at, a + delay[k] + 2))
         return delay, issue
 
+    def extended(delay, issue, share, headroom):
+        """The evictions with each hold and lead extended by ``share`` of the way to its target,
+        as far as the curve stays ``headroom`` below the room."""
+        curve, timed, top = base.copy(), {}, room - headroom
+        for k, ev, a, b, lo, due, d, size in by_due:
+            first = lo - math.ceil(share * (lo - issue[k]))
+            full = np.flatnonzero(curve[first:lo] > top - size)      # steps it cannot be added to
+            i = first + int(full[-1]) + 1 if len(full) else first
+            curve[i:lo] += size
+            timed[k] = b - i
+        for k, ev, a, b, _, _, d, size in by_release:
+            most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
+            full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > top - size)
+            hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
+            curve[a + ev.delay + 1:a + hold + 1] += size
+            timed[k] = Evict("offload", delay=hold, lead=timed[k])
+        trial = dict(plan.evictions)
+        trial.update(timed)
+        return trial
+
     def fitted(delay, issue):
-        """The plan with the largest share of these extensions tried that fits, or None."""
-        share, lo_share, hi_share, found = 1.0, 0.0, 1.0, None
-        for _ in range(tries):
-            curve, timed = base.copy(), {}
-            for k, ev, a, b, lo, due, d, size in by_due:
-                first = lo - math.ceil(share * (lo - issue[k]))
-                full = np.flatnonzero(curve[first:lo] > room - size)      # steps it cannot be added to
-                i = first + int(full[-1]) + 1 if len(full) else first
-                curve[i:lo] += size
-                timed[k] = b - i
-            for k, ev, a, b, _, _, d, size in by_release:
-                most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
-                full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > room - size)
-                hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
-                curve[a + ev.delay + 1:a + hold + 1] += size
-                timed[k] = Evict("offload", delay=hold, lead=timed[k])
-            trial = dict(plan.evictions)
-            trial.update(timed)
+        """The fastest plan found that fits, or None: the extensions in full; where placement
+        overshoots, both the full extensions held below the room by twice the overshoot (growing
+        while that does not fit: buffers held where memory is tight give way, the others keep
+        their extension) and the largest share of every extension that fits (bisected)."""
+        trial = extended(delay, issue, 1.0, 0)
+        if trial == plan.evictions:
+            return None
+        first = plan_fn(trial)
+        if first.arena_bytes <= limit:
+            return first
+        found, headroom, over = [], 0, first.arena_bytes - limit
+        for _ in range(tries - 1):
+            headroom += 2 * over
+            better = plan_fn(extended(delay, issue, 1.0, headroom))
+            if better.arena_bytes <= limit:
+                found.append(better)
+                break
+            over = better.arena_bytes - limit
+        share, lo_share, hi_share, fit = 0.5, 0.0, 1.0, None
+        for _ in range(tries - 1):
+            trial = extended(delay, issue, share, 0)
             if trial == plan.evictions:
                 break
             better = plan_fn(trial)
             if better.arena_bytes <= limit:
-                found, lo_share = better, share
-                if share == hi_share:
-                    break
+                fit, lo_share = better, share
             else:
                 hi_share = share
             share = (lo_share + hi_share) / 2
-        return found
+        return fastest(fit, *found)
 
     queued = fitted(*targets(queued=True))
     if queued is not None and not stalls(queued):
@@ -192,7 +217,7 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
 def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
     """The fastest of ``plan``, ``plan`` with its transfers retimed, and (``convert``: for a policy
     free to choose between the two) that with recomputations offloaded where the copy stream has
-    room for them, retimed too."""
+    room for them, retimed too, then with the offloads it stalls for recomputed."""
     def plan_fn(ev):          # a plan that does not fit is not replayed
         return build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=limit)
 
@@ -216,4 +241,72 @@ def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
         best = fastest(best, more)
         if not stalls(more):
             break
-    return best
+    return recompute_stalled(plan_fn, best, schedule, touch) if convert else best
+
+
+def recompute_stalled(plan_fn, plan, schedule, touch, rounds=2):
+    """``plan`` with the offloads that its compute waits for (for over a thousandth of the step
+    each: a prefetch arriving late, or a free waiting for its offload) turned into
+    recomputations, again while that is predicted faster. Either wait means the copy stream is
+    behind: recomputing the tensor in the backward instead takes its copies off the stream."""
+    steps = schedule.steps
+    last_forward = max(s.index for s in steps if s.kind == "forward")
+    producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
+    for _ in range(rounds):
+        trial = dict(plan.evictions)
+        for t, n in _waited_copies(plan, 1e-3 * plan.simulation.seconds):
+            # the offloaded gap around schedule step n, where its end can recompute it
+            gaps = [g for (u, g), ev in plan.evictions.items() if u == t and ev.kind == "offload"
+                    and touch[t][g] <= n <= touch[t][g + 1] and touch[t][g + 1] > last_forward
+                    and _recomputable(t, touch[t][g + 1], touch, producer)]
+            if gaps:
+                trial[t, gaps[0]] = Evict("recompute")
+        if trial == plan.evictions:
+            return plan
+        better = plan_fn(trial)
+        if better.simulation is None or better.simulation.seconds >= plan.simulation.seconds:
+            return plan
+        plan = better
+    return plan
+
+
+def _recomputable(t, at, touch, producer, depth=0):
+    """Whether the lowering can recompute ``t`` before schedule step ``at``: its producer is
+    recomputable and each of its arena inputs lives across ``at`` or can be recomputed so in
+    turn (as deep as the planner's own recomputations go)."""
+    src = producer.get(t)
+    return (src is not None and src.node.op.recomputable and depth <= 3
+            and all(touch[u][0] <= at <= touch[u][-1] or _recomputable(u, at, touch, producer, depth + 1)
+                    for u in dict.fromkeys(src.ins) if u in touch))
+
+
+def _waited_copies(plan, least):
+    """(tensor, schedule step) of each copy that ``plan``'s compute waits for over ``least`` seconds:
+    a prefetch that arrives after its step would start, or an offload that a free waits for
+    (the schedule step: the one the prefetch is for, or the one the offload follows)."""
+    sim, program = plan.simulation, plan.program
+    group = schedule_groups(program, len(plan.schedule.steps))
+    out = []
+    done = 0.0                                  # when the compute stream finished its last step
+    pending = {}                                # tensor -> its prefetch's program step
+    for i, s in enumerate(program.steps):
+        if s.kind == "prefetch":
+            pending[s.writes[0]] = i
+            continue
+        if s.kind == "offload":
+            continue
+        if sim.start[i] - done > least:         # it waited for the latest of its prefetches
+            late = [(sim.end[p], t) for t, p in pending.items() if t in s.touched]
+            if late:
+                out.append((max(late)[1], int(group[i])))
+        for t in s.touched:
+            pending.pop(t, None)
+        done = sim.end[i]
+    waited = {}                                 # free step -> (when its latest offload ends, tensor, offload)
+    for r in program.residencies:
+        j = r.wait_offload
+        if j is not None and sim.end[j] > waited.get(r.end, (-1.0,))[0]:
+            waited[r.end] = (sim.end[j], r.tensor, j)
+    out += [(t, int(group[j])) for e, (_, t, j) in waited.items()
+            if sim.end[e] - sim.start[e] - sim.costs[e] > least]
+    return out
