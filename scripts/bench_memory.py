@@ -85,23 +85,24 @@ def floor(name, batch):
 
 
 def deepest(profile, budget, batch=16):
-    """Binary search over resnet_deep depths whose plan fits ``budget``."""
-    def fits(depth):
+    """The deepest Bottleneck ResNet (depth 3 * blocks + 2, to within 30 layers) whose plan fits
+    ``budget``: doubling, then bisecting the number of blocks."""
+    def fits(blocks):
         with shapes_only():
-            net = models.get("resnet_deep", depth=depth)
+            net = models.get("resnet_deep", depth=3 * blocks + 2)
         _, sched = training_schedule(net, (batch, 3, 224, 224))
         try:
             plan_memory(sched, MemoryConfig(budget=budget, profile=profile))
             return True
         except MemoryBudgetError:
             return False
-    lo, hi = 50, 50
-    while fits(hi) and hi < 6000:
+    lo, hi = 16, 16
+    while fits(hi) and hi < 2000:
         lo, hi = hi, hi * 2
-    while hi - lo > 30:
+    while hi - lo > 10:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return 3 * lo + 2
 
 
 def train_below_minimum(batch=32, steps=6):
