@@ -295,10 +295,9 @@ def _waited_copies(plan, least):
             continue
         if s.kind == "offload":
             continue
-        if sim.start[i] - done > least:         # it waited for the latest of its prefetches
-            late = [(sim.end[p], t) for t, p in pending.items() if t in s.touched]
-            if late:
-                out.append((max(late)[1], int(group[i])))
+        late = max(((sim.end[p], t) for t, p in pending.items() if t in s.touched), default=None)
+        if late is not None and late[0] - done > least and sim.start[i] == late[0]:
+            out.append((late[1], int(group[i])))    # it waited for the latest of its prefetches
         for t in s.touched:
             pending.pop(t, None)
         done = sim.end[i]
