@@ -74,7 +74,7 @@ def test_offloads_the_compute_waits_for_are_recomputed(resnet50):
     def plan_fn(ev):
         p = rebuild(resnet50, plan, cost, ev)
         return p if p.arena_bytes <= limit else make_plan(resnet50, ev, None, plan.policy, touch=touches(resnet50))
-    fixed = recompute_stalled(plan_fn, late, resnet50, touches(resnet50))
+    fixed = recompute_stalled(plan_fn, late, resnet50, touches(resnet50), cost)
     assert fixed.arena_bytes <= limit
     assert fixed.simulation.seconds < late.simulation.seconds
     assert fixed.simulation.stall_seconds < late.simulation.stall_seconds
@@ -82,7 +82,7 @@ def test_offloads_the_compute_waits_for_are_recomputed(resnet50):
     assert changed and all(late.evictions[k].kind == "offload" and fixed.evictions[k].kind == "recompute"
                            for k in changed)
     assert recompute_stalled(plan_fn, plan_memory(resnet50, MemoryConfig(profile="titanx-12gb")),
-                             resnet50, touches(resnet50)).evictions == {}     # nothing waits: unchanged
+                             resnet50, touches(resnet50), cost).evictions == {}     # nothing waits: unchanged
 
 
 def test_prefetches_come_early_where_memory_is_free(resnet20):

@@ -350,7 +350,8 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
         if plan is None:
             return
         beat = min(beat or math.inf, plan.simulation.seconds)
-        plan = timed_transfers(plan, schedule, cost, limit, touch, build, convert)
+        plan = timed_transfers(plan, schedule, cost, limit, touch, build, convert,
+                               best.simulation.seconds if best is not None else None)
         if best is None or plan.simulation.seconds < best.simulation.seconds:
             best = plan
 

@@ -178,23 +178,16 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
 
     def fitted(delay, issue):
         """The fastest plan found that fits, or None: the extensions in full; where placement
-        overshoots, both the full extensions held below the room by twice the overshoot (growing
-        while that does not fit: buffers held where memory is tight give way, the others keep
-        their extension) and the largest share of every extension that fits (bisected)."""
+        overshoots, both the full extensions held below the room by twice the overshoot (buffers
+        held where memory is tight give way, the others keep their extension) and the largest
+        share of every extension that fits (bisected)."""
         trial = extended(delay, issue, 1.0, 0)
         if trial == plan.evictions:
             return None
         first = plan_fn(trial)
         if first.arena_bytes <= limit:
             return first
-        found, headroom, over = [], 0, first.arena_bytes - limit
-        for _ in range(tries - 1):
-            headroom += 2 * over
-            better = plan_fn(extended(delay, issue, 1.0, headroom))
-            if better.arena_bytes <= limit:
-                found.append(better)
-                break
-            over = better.arena_bytes - limit
+        held = plan_fn(extended(delay, issue, 1.0, 2 * (first.arena_bytes - limit)))
         share, lo_share, hi_share, fit = 0.5, 0.0, 1.0, None
         for _ in range(tries - 1):
             trial = extended(delay, issue, share, 0)
@@ -206,7 +199,7 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
             else:
                 hi_share = share
             share = (lo_share + hi_share) / 2
-        return fastest(fit, *found)
+        return fastest(fit, held if held.arena_bytes <= limit else None)
 
     queued = fitted(*targets(queued=True))
     if queued is not None and not stalls(queued):
@@ -214,22 +207,29 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     return fastest(queued, fitted(*targets(queued=False)))
 
 
-def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
+def timed_transfers(plan, schedule, cost, limit, touch, build, convert, beat=None):
     """The fastest of ``plan``, ``plan`` with its transfers retimed, and (``convert``: for a policy
     free to choose between the two) that with recomputations offloaded where the copy stream has
-    room for them, retimed too, then with the offloads it stalls for recomputed."""
+    room for them, retimed too, then with the offloads it stalls for recomputed. Where its first
+    retiming is predicted no faster than ``beat`` (a plan found already), that is the answer: the
+    refinements gain a few percent, and on a deep network each costs a second."""
     def plan_fn(ev):          # a plan that does not fit is not replayed
         return build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=limit)
 
     def retimed(p):
-        """``p`` retimed; where that still stalls, retimed once more from the retimed plan, whose
-        lowering shows where recomputations now restore what it prefetches."""
+        """``p`` retimed; where that still stalls (and may yet win), retimed once more from the
+        retimed plan, whose lowering shows where recomputations now restore what it prefetches."""
         q = hide_transfers(plan_fn, p, schedule, cost, limit, touch)
-        if q is not None and stalls(q):
+        if q is not None and stalls(q) and not behind(q):
             q = fastest(q, hide_transfers(plan_fn, q, schedule, cost, limit, touch))
         return fastest(p, q)
 
+    def behind(p):
+        return beat is not None and p.simulation.seconds >= beat
+
     timed = retimed(plan)
+    if behind(timed):
+        return timed
     best = timed
     for share in (1.0, 0.5) if convert else ():
         # all the stream can carry; where that still stalls for over 1% of the step (the memory
@@ -241,20 +241,26 @@ def timed_transfers(plan, schedule, cost, limit, touch, build, convert):
         best = fastest(best, more)
         if not stalls(more):
             break
-    return recompute_stalled(plan_fn, best, schedule, touch) if convert else best
+    return recompute_stalled(plan_fn, best, schedule, touch, cost) if convert else best
 
 
-def recompute_stalled(plan_fn, plan, schedule, touch, rounds=2):
-    """``plan`` with the offloads that its compute waits for (for over a thousandth of the step
-    each: a prefetch arriving late, or a free waiting for its offload) turned into
-    recomputations, again while that is predicted faster. Either wait means the copy stream is
-    behind: recomputing the tensor in the backward instead takes its copies off the stream."""
+def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):
+    """``plan`` with the offloads that its compute waits for turned into recomputations, again
+    while that is predicted faster. A wait (a prefetch arriving late, or a free waiting for its
+    offload) means the copy stream is behind: recomputing the tensor in the backward takes its
+    two copies off the stream, which is worth it where they are predicted to take over a
+    thousandth of the step longer than its producer's forward."""
     steps = schedule.steps
     last_forward = max(s.index for s in steps if s.kind == "forward")
     producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
     for _ in range(rounds):
+        least = 1e-3 * plan.simulation.seconds
         trial = dict(plan.evictions)
-        for t, n in _waited_copies(plan, 1e-3 * plan.simulation.seconds):
+        for wait, t, n in _waited_copies(plan, least):
+            src = producer.get(t)
+            if src is None or (min(wait, 2 * cost.transfer_seconds(schedule.tensors[t].nbytes))
+                               - cost.step_seconds(schedule, src, plan.algos.get(src.index)) <= least):
+                continue
             # the offloaded gap around schedule step n, where its end can recompute it
             gaps = [g for (u, g), ev in plan.evictions.items() if u == t and ev.kind == "offload"
                     and touch[t][g] <= n <= touch[t][g + 1] and touch[t][g + 1] > last_forward
@@ -281,7 +287,7 @@ def _recomputable(t, at, touch, producer, depth=0):
 
 
 def _waited_copies(plan, least):
-    """(tensor, schedule step) of each copy that ``plan``'s compute waits for over ``least`` seconds:
+    """(seconds, tensor, schedule step) of each copy that ``plan``'s compute waits for over ``least`` seconds:
     a prefetch that arrives after its step would start, or an offload that a free waits for
     (the schedule step: the one the prefetch is for, or the one the offload follows)."""
     sim, program = plan.simulation, plan.program
@@ -297,7 +303,7 @@ def _waited_copies(plan, least):
             continue
         late = max(((sim.end[p], t) for t, p in pending.items() if t in s.touched), default=None)
         if late is not None and late[0] - done > least and sim.start[i] == late[0]:
-            out.append((late[1], int(group[i])))    # it waited for the latest of its prefetches
+            out.append((late[0] - done, late[1], int(group[i])))    # it waited for the latest of its prefetches
         for t in s.touched:
             pending.pop(t, None)
         done = sim.end[i]
@@ -306,6 +312,6 @@ def _waited_copies(plan, least):
         j = r.wait_offload
         if j is not None and sim.end[j] > waited.get(r.end, (-1.0,))[0]:
             waited[r.end] = (sim.end[j], r.tensor, j)
-    out += [(t, int(group[j])) for e, (_, t, j) in waited.items()
+    out += [(sim.end[e] - sim.start[e] - sim.costs[e], t, int(group[j])) for e, (_, t, j) in waited.items()
             if sim.end[e] - sim.start[e] - sim.costs[e] > least]
     return out
