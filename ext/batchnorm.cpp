@@ -114,9 +114,20 @@ void bn_stats_t(py::handle xo, py::handle mo, py::handle vo) {
     }
 }
 
+// One row of y = x * a + b; with ADD, + r (add's rounding); with RELU, relu_forward's select:
+// bitwise what the separate steps give.
+template <typename T, bool ADD, bool RELU>
+inline void normalize_row(const T* __restrict xs, const T* __restrict rs, T* ys, T a, T b, index_t L) {
+    for (index_t l = 0; l < L; ++l) {
+        T v = xs[l] * a + b;
+        if (ADD) v = v + rs[l];
+        ys[l] = RELU ? (v < T(0) ? T(0) : v) : v;
+    }
+}
+
 template <typename T>
 void bn_forward_t(py::handle xo, py::handle go, py::handle bo, py::handle mo,
-                  py::handle io, py::handle yo, bool relu) {
+                  py::handle io, py::handle yo, bool relu, py::handle ro) {
     auto x = checked<T>(xo, "x", false);
     auto mean = checked<T>(mo, "mean", false);
     auto invstd = checked<T>(io, "invstd", false);
@@ -131,10 +142,21 @@ void bn_forward_t(py::handle xo, py::handle go, py::handle bo, py::handle mo,
         throw py::value_error("argument 'y' has shape " + shape_str(y) +
                               ", expected the shape of 'x' " + shape_str(x));
     check_no_overlap(x, "x", y, "y", /*allow_identical=*/true);
+    py::array_t<T, py::array::c_style> r;
+    if (!ro.is_none()) {
+        r = checked<T>(ro, "residual", false);
+        if (r.ndim() != x.ndim() || !std::equal(x.shape(), x.shape() + x.ndim(), r.shape()))
+            throw py::value_error("argument 'residual' has shape " + shape_str(r) +
+                                  ", expected the shape of 'x' " + shape_str(x));
+        check_no_overlap(r, "residual", y, "y", /*allow_identical=*/true);
+    }
     const T* xp = x.data();
+    const T* rp = ro.is_none() ? nullptr : r.data();
     const T* mp = mean.data();
     const T* ip = invstd.data();
     T* yp = y.mutable_data();
+    auto row = rp ? (relu ? normalize_row<T, true, true> : normalize_row<T, true, false>)
+                  : (relu ? normalize_row<T, false, true> : normalize_row<T, false, false>);
     py::gil_scoped_release nogil;
     // y = x * alpha + shift with alpha = invstd*gamma, shift = beta - mean*alpha
     // (coefficients computed in float64, as PyTorch's CPU kernel does).
@@ -149,17 +171,7 @@ void bn_forward_t(py::handle xo, py::handle go, py::handle bo, py::handle mo,
     MINIDNN_OMP_FOR(NC * s.L >= kParallelGrain && NC > 1)
     for (index_t nc = 0; nc < NC; ++nc) {
         const index_t c = nc % s.C;
-        const T a = alpha[c], b = shift[c];
-        const T* xs = xp + nc * s.L;
-        T* ys = yp + nc * s.L;
-        if (relu) {   // relu_forward's select on the same value: bitwise the two steps' result
-            for (index_t l = 0; l < s.L; ++l) {
-                const T v = xs[l] * a + b;
-                ys[l] = v < T(0) ? T(0) : v;
-            }
-        } else {
-            for (index_t l = 0; l < s.L; ++l) ys[l] = xs[l] * a + b;
-        }
+        row(xp + nc * s.L, rp ? rp + nc * s.L : nullptr, yp + nc * s.L, alpha[c], shift[c], s.L);
     }
 }
 
@@ -244,9 +256,12 @@ void bn_stats(py::object x, py::object mean, py::object var) {
 }
 
 void bn_forward_train(py::object x, py::object gamma, py::object beta,
-                      py::object mean, py::object invstd, py::object y, bool relu) {
+                      py::object mean, py::object invstd, py::object y, bool relu,
+                      py::object residual) {
     const DType dt = float_dtype(as_ndarray(x, "x"), "x");
-    dispatch(dt, [&](auto t) { bn_forward_t<decltype(t)>(x, gamma, beta, mean, invstd, y, relu); });
+    dispatch(dt, [&](auto t) {
+        bn_forward_t<decltype(t)>(x, gamma, beta, mean, invstd, y, relu, residual);
+    });
 }
 
 void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,

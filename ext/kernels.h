@@ -33,7 +33,8 @@ void avgpool2d_backward(py::object gy, py::object gx, index_t kh, index_t kw,
 // batchnorm.cpp ------------------------------------------------------------
 void bn_stats(py::object x, py::object mean, py::object var);
 void bn_forward_train(py::object x, py::object gamma, py::object beta,
-                      py::object mean, py::object invstd, py::object y, bool relu);
+                      py::object mean, py::object invstd, py::object y, bool relu,
+                      py::object residual);
 void bn_backward(py::object x, py::object gy, py::object gamma, py::object mean,
                  py::object invstd, py::object gx, py::object ggamma,
                  py::object gbeta);

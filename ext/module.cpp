@@ -87,12 +87,13 @@ PYBIND11_MODULE(_C, m) {
           "float64 accumulation; parallel over channels.");
 
     m.def("bn_forward_train", &minidnn::bn_forward_train, "x"_a, "gamma"_a, "beta"_a,
-          "mean"_a, "invstd"_a, "y"_a, "relu"_a = false,
-          "bn_forward_train(x, gamma, beta, mean, invstd, y, relu=False) -> None\n\n"
+          "mean"_a, "invstd"_a, "y"_a, "relu"_a = false, "residual"_a = py::none(),
+          "bn_forward_train(x, gamma, beta, mean, invstd, y, relu=False, residual=None) -> None\n\n"
           "y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c] for x, y (N, C, *spatial)\n"
           "and per-channel vectors (C,), evaluated as x*alpha + shift with alpha and\n"
           "shift computed in float64. gamma / beta may be None (1 / 0). y may be x.\n"
-          "With relu, y = relu(that), bitwise what relu_forward gives of it.");
+          "With residual (x's shape), y = that + residual as add gives it; with relu, y =\n"
+          "relu(that), bitwise what relu_forward gives of it.");
 
     m.def("bn_backward", &minidnn::bn_backward, "x"_a, "gy"_a, "gamma"_a, "mean"_a,
           "invstd"_a, "gx"_a, "ggamma"_a = py::none(), "gbeta"_a = py::none(),

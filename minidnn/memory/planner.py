@@ -195,7 +195,9 @@ class _Candidates:
             inner = self._recompute_cost(u, at, producer, depth + 1)
             up = producer.get(u)
             if up is not None and src.ins == [u] and up.node.op.fused(src.node.op) is not None:
-                inner -= self.secs[up.index]     # recomputed fused with src's forward: src's one pass
+                # recomputed fused with src's forward: src's one pass (only where u is src's one
+                # input: restoring a join's other inputs may take copies this estimate does not see)
+                inner -= self.secs[up.index]
             c += inner
         return c
 

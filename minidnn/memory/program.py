@@ -221,26 +221,34 @@ class _Lowering:
                     self.close(u, last.get(u, self.res[self.cur[u]].start))
 
     def fuse(self, order, needed) -> list:
-        """``order`` with each recomputation whose first output nothing reads but the next one
-        (nor the current step, nor a use of its own within ``keep_within``) merged with it into
-        one step of the fused op (:meth:`Op.fused`), which never writes that output. The merged
-        step stands for the second (its cost: one pass over the same bytes)."""
-        out, k = [], 0
-        while k < len(order):
-            (kind, a), (kind2, b) = order[k], order[k + 1] if k + 1 < len(order) else (None, None)
-            op = (a.node.op.fused(b.node.op)
-                  if kind == kind2 == "recompute" and a.outs and b.ins == a.outs[:1] else None)
-            if (op is None or a.outs[0] in needed or not self.droppable(a.outs[0], needed)
-                    or any(a.outs[0] in w.ins for kd, w in order[k + 2:] if kd == "recompute")):
-                out.append(order[k])
-                k += 1
+        """``order`` with each recomputation whose first output only one later recomputation of
+        the chain reads (once; not the current step, nor a use of its own within ``keep_within``)
+        merged into that one as a step of the fused op (:meth:`Op.fused`), which never writes the
+        output; merged steps merge on (BatchNorm, add, ReLU). A merged step stands for the first
+        op merged into (its cost: one pass over that op's bytes)."""
+        out, dead = list(order), set()
+        readers = defaultdict(list)           # tensor -> the positions of the chain steps that read it
+        for j, (kind, w) in enumerate(out):
+            if kind != "prefetch":
+                for u in dict.fromkeys(w.ins):
+                    readers[u].append(j)
+        for k, (kind, a) in enumerate(out):
+            y = a.outs[0] if kind != "prefetch" and a.outs else None
+            rs = readers.get(y, ())
+            j = rs[0] if len(rs) == 1 else None              # its one reader in the chain
+            b = out[j][1] if j is not None else None
+            op = a.node.op.fused(b.node.op) if b is not None and b.ins.count(y) == 1 else None
+            if (op is None or y in needed or not self.droppable(y, needed)
+                    or any(u in out[i][1].ins for i in range(k + 1, j) if out[i][0] != "prefetch"
+                           for u in a.outs[1:])):       # its other outputs are not wanted before it
                 continue
+            others = [u for u in b.ins if u != y]
             node = Node(a.node.id, op, a.node.inputs, b.node.outputs[:1] + a.node.outputs[1:], a.node.path)
-            out.append(("recompute", Step(b.index, b.kind, f"{a.label}+{b.node.op.name}", node=node,
-                                          reads=list(a.reads), ins=list(a.ins), outs=b.outs[:1] + a.outs[1:],
-                                          ws=a.ws, flops=a.flops + b.flops)))
-            k += 2
-        return out
+            out[j] = ("fused", Step(a.index if kind == "fused" else b.index, b.kind, f"{a.label}+{b.node.op.name}",
+                                    node=node, reads=a.reads + others, ins=a.ins + others,
+                                    outs=b.outs[:1] + a.outs[1:], ws=a.ws, flops=a.flops + b.flops))
+            dead.add(k)
+        return [e for k, e in enumerate(out) if k not in dead]
 
     def _recompute(self, src) -> int:
         """Emit a recomputation of schedule step ``src`` (its inputs on the device); its index."""

@@ -4,8 +4,8 @@ Training-mode forward writes the batch mean and inverse std as two small extra
 outputs (the backward reads them) and updates the running statistics in place
 - except when it runs again as a recomputation, so statistics move once a step.
 A recomputation whose statistics are still on the device normalizes with them
-(one pass instead of three), and one followed by a ReLU recomputes both in
-that pass (:class:`BatchNorm2dReLUOp`).
+(one pass instead of three); followed by a recomputed residual add and/or ReLU,
+it recomputes them in that pass too (:class:`FusedBatchNorm2dOp`).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ..errors import ShapeError
 from ..graph import Spec
 from .activation import ReLUOp
 from .base import Op, apply
+from .elementwise import AddOp
 
 
 class BatchNorm2dOp(Op):
@@ -21,7 +22,8 @@ class BatchNorm2dOp(Op):
     saved_outputs = (1, 2)
     no_grad_inputs = (3, 4)
     flops_per_output = 8
-    relu = False          # y = relu(batch_norm(x)): the fused recomputation's op
+    add = False           # y = batch_norm(x) + ins[5]  } in the fused recomputation's op
+    relu = False          # y = relu(...)                }
 
     def __init__(self, training=True, momentum=0.1, eps=1e-5):
         self.training, self.momentum, self.eps = training, momentum, eps
@@ -41,13 +43,13 @@ class BatchNorm2dOp(Op):
 
     def forward(self, ctx, ins, outs, ws):
         xp = ctx.xp
-        x, gamma, beta, rmean, rvar = ins
+        x, gamma, beta, rmean, rvar = ins[:5]
         y, mean, invstd = outs
         if not self.training:
             xp.add(rvar, self.eps, out=invstd)
             xp.sqrt(invstd, out=invstd)
             xp.reciprocal(invstd, out=invstd)
-            ctx.k.bn_forward_train(x, gamma, beta, rmean, invstd, y, self.relu)
+            self._normalize(ctx, ins, rmean, invstd, y)
             return
         ctx.k.bn_stats(x, mean, invstd)          # invstd holds the biased variance here
         # statistics move once a step, and never towards a non-finite batch (whose loss
@@ -62,19 +64,24 @@ class BatchNorm2dOp(Op):
         invstd += self.eps
         xp.sqrt(invstd, out=invstd)
         xp.reciprocal(invstd, out=invstd)
-        ctx.k.bn_forward_train(x, gamma, beta, mean, invstd, y, self.relu)
+        self._normalize(ctx, ins, mean, invstd, y)
+
+    def _normalize(self, ctx, ins, mean, invstd, y):
+        ctx.k.bn_forward_train(ins[0], ins[1], ins[2], mean, invstd, y, self.relu, ins[5] if self.add else None)
 
     def recompute(self, ctx, ins, outs, ws, restore):
         if self.training and not (restore[1] or restore[2]):
             # the batch statistics are on the device as the forward computed them: y from them
             # alone is one pass, and the forward's bits
-            ctx.k.bn_forward_train(ins[0], ins[1], ins[2], outs[1], outs[2], outs[0], self.relu)
+            self._normalize(ctx, ins, outs[1], outs[2], outs[0])
         else:
             self.forward(ctx, ins, outs, ws)
 
     def fused(self, consumer):
         if isinstance(consumer, ReLUOp) and not self.relu:
-            return BatchNorm2dReLUOp(self.training, self.momentum, self.eps)
+            return FusedBatchNorm2dOp(self.training, self.momentum, self.eps, add=self.add, relu=True)
+        if isinstance(consumer, AddOp) and not (self.add or self.relu):
+            return FusedBatchNorm2dOp(self.training, self.momentum, self.eps, add=True)
         return None
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
@@ -96,18 +103,20 @@ class BatchNorm2dOp(Op):
             xp.multiply(gy, (gamma * invstd).reshape(1, -1, 1, 1), out=gins[0])
 
 
-class BatchNorm2dReLUOp(BatchNorm2dOp):
-    """BatchNorm2d then ReLU in one pass, for recomputation only: the lowering runs it where a
-    recomputed BatchNorm2d output feeds nothing but a recomputed ReLU. Its outputs are the
-    ReLU's, the mean and the inverse std. The graph keeps the two ops, so this one has no
-    backward."""
+class FusedBatchNorm2dOp(BatchNorm2dOp):
+    """BatchNorm2d, then a residual add (its other operand an extra last input) and/or a ReLU,
+    in one pass: for recomputation only. The lowering runs it where a recomputed BatchNorm2d
+    output feeds nothing but the recomputed add or ReLU. Its outputs are the last op's, the
+    mean and the inverse std. The graph keeps the separate ops, so this one has no backward."""
 
-    name = "batch_norm2d_relu"
-    relu = True
+    def __init__(self, training=True, momentum=0.1, eps=1e-5, add=False, relu=False):
+        super().__init__(training, momentum, eps)
+        self.add, self.relu = add, relu
+        self.name = "batch_norm2d" + "+add" * add + "+relu" * relu
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        raise NotImplementedError("batch_norm2d_relu runs only as a recomputation; the graph holds "
-                                  "batch_norm2d and relu, whose backwards run")
+        raise NotImplementedError(f"{self.name} runs only as a recomputation; the graph holds its "
+                                  f"ops, whose backwards run")
 
 
 def batch_norm2d(x, weight, bias, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):

@@ -154,13 +154,14 @@ extern "C" __global__ void avgpool_bwd(const T* gy, T* gx, long long planes, int
 _relu_forward = cp.ElementwiseKernel("T x", "T y", "y = x < (T)0 ? (T)0 : x", "minidnn_relu_forward")
 _relu_backward = cp.ElementwiseKernel("T y, T gy", "T gx", "gx = y > (T)0 ? gy : (T)0", "minidnn_relu_backward")
 _bn_apply = cp.ElementwiseKernel(
-    "T x, raw T gamma, raw T beta, raw T mean, raw T invstd, int64 L, int64 C, bool has_g, bool has_b, bool relu",
-    "T y",
+    "T x, raw T gamma, raw T beta, raw T mean, raw T invstd, raw T res, int64 L, int64 C, bool has_g, bool has_b, "
+    "bool has_res, bool relu", "T y",
     """
     const long long c = (i / L) % C;
     const double a = (double)invstd[c] * (has_g ? (double)gamma[c] : 1.0);
     const double s = (has_b ? (double)beta[c] : 0.0) - (double)mean[c] * a;
-    const T v = (T)((double)x * a + s);
+    T v = (T)((double)x * a + s);
+    if (has_res) v = v + res[i];
     y = relu && v < (T)0 ? (T)0 : v;
     """, "minidnn_bn_apply")
 _bn_grad = cp.ElementwiseKernel(
@@ -242,11 +243,12 @@ class CudaKernels:
         s0, _ = self._reduce(x, 1, m=mean)
         var[...] = s0 / m
 
-    def bn_forward_train(self, x, gamma, beta, mean, invstd, y, relu=False):
-        self._check(x, gamma, beta, mean, invstd, y)
+    def bn_forward_train(self, x, gamma, beta, mean, invstd, y, relu=False, residual=None):
+        self._check(x, gamma, beta, mean, invstd, y, residual)
         c = x.shape[1]
         _bn_apply(x, gamma if gamma is not None else mean, beta if beta is not None else mean, mean, invstd,
-                  np.int64(x.size // (x.shape[0] * c)), np.int64(c), gamma is not None, beta is not None, relu, y)
+                  residual if residual is not None else x, np.int64(x.size // (x.shape[0] * c)), np.int64(c),
+                  gamma is not None, beta is not None, residual is not None, relu, y)
 
     def bn_backward(self, x, gy, gamma, mean, invstd, gx, ggamma=None, gbeta=None):
         self._check(x, gy, gamma, mean, invstd, gx, ggamma, gbeta)
