@@ -113,9 +113,9 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     Where holding a buffer longer or prefetching it earlier would lift the memory of its steps
     above the budget, it is held or prefetched only as far as the budget allows (the curve of
     schedule steps, less a headroom for what placement adds); where the placed plan still exceeds
-    ``limit``, the faster of two repairs: the headroom grown by twice the overshoot (only the
-    buffers held where memory is tight give way) and a share of every extension, bisected
-    for. The queued timing is tried
+    ``limit``, the faster of two repairs: every extension kept twice the overshoot further
+    below the room (only the buffers held where memory is tight give way) and a share of every
+    extension, bisected for. The queued timing is tried
     first; where it does not fit or still stalls for over 1% of the step, the own timing too,
     and the faster plan wins."""
     offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
