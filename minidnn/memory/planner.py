@@ -21,7 +21,7 @@ from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
 from .placement import place_program
 from .plan import Plan
-from .program import Evict, lower, touches
+from .program import Evict, lower, recompute_seconds, touches
 from .simulator import memory_curve, simulate
 from .transfers import timed_transfers
 
@@ -156,7 +156,7 @@ class _Candidates:
                 if b - a < 2:
                     continue
                 x = cost.transfer_seconds(tensors[t].nbytes) if allow_offload else np.inf
-                rc = (self._recompute_cost(t, b, producer)
+                rc = (recompute_seconds(t, b, touch, producer, self.secs)
                       if allow_recompute and b > last_forward and t in producer else np.inf)
                 if math.isinf(x) and math.isinf(rc):
                     continue
@@ -180,26 +180,6 @@ class _Candidates:
         self.live = self.curve.astype(np.float64)
         self.current = dict(self.algos)
         self.peaks, self.decisions, self.stuck = [], [], False
-
-    def _recompute_cost(self, t, at, producer, depth=0):
-        src = producer.get(t)
-        if src is None or not src.node.op.recomputable or depth > 3:
-            return np.inf
-        c = self.secs[src.index]
-        for u in src.ins:
-            if u is None or self.schedule.tensors[u].persistent:
-                continue
-            ts = self.touch.get(u, [])
-            if ts and ts[0] <= at <= ts[-1]:
-                continue                  # alive at the restore point if not evicted itself
-            inner = self._recompute_cost(u, at, producer, depth + 1)
-            up = producer.get(u)
-            if up is not None and src.ins == [u] and up.node.op.fused(src.node.op) is not None:
-                # recomputed fused with src's forward: src's one pass (only where u is src's one
-                # input: restoring a join's other inputs may take copies this estimate does not see)
-                inner -= self.secs[up.index]
-            c += inner
-        return c
 
     def _costs(self, rows):
         """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed."""

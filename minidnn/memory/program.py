@@ -19,6 +19,7 @@ buffer for the placement; a tensor may have several.
 from __future__ import annotations
 
 import bisect
+import math
 import operator
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
@@ -106,6 +107,29 @@ def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0) -> P
     holding it through its backward)."""
     return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule), algos or {},
                      keep_within).run()
+
+
+def recompute_seconds(t, at, touch, producer, secs, depth=0) -> float:
+    """The seconds (``secs``: by schedule step) the lowering takes to restore ``t`` by recomputation
+    just before schedule step ``at``: its producer's forward and, for each arena input not alive
+    across ``at``, that input's restoring in turn (an input whose producer fuses into a one-input
+    consumer adds nothing of its own: the two run as one pass, the consumer's; a join's other
+    inputs may need copies this does not count). inf where it cannot: a producer that is not
+    recomputable, or a chain more than four producers deep."""
+    src = producer.get(t)
+    if src is None or not src.node.op.recomputable or depth > 3:
+        return math.inf
+    c = secs[src.index]
+    for u in src.ins:
+        ts = touch.get(u)
+        if ts is None or ts[0] <= at <= ts[-1]:
+            continue                  # persistent, or alive at the restore point if not evicted itself
+        inner = recompute_seconds(u, at, touch, producer, secs, depth + 1)
+        up = producer.get(u)
+        if up is not None and src.ins == [u] and up.node.op.fused(src.node.op) is not None:
+            inner -= secs[up.index]
+        c += inner
+    return c
 
 
 _step_fields = operator.attrgetter(*(f.name for f in fields(Step)))   # a Step's constructor arguments

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .program import Evict
+from .program import Evict, recompute_seconds
 from .simulator import memory_curve
 
 
@@ -253,6 +253,7 @@ def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):
     steps = schedule.steps
     last_forward = max(s.index for s in steps if s.kind == "forward")
     producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
+    secs = [cost.step_seconds(schedule, s) for s in steps]
     for _ in range(rounds):
         least = 1e-3 * plan.simulation.seconds
         trial = dict(plan.evictions)
@@ -264,7 +265,7 @@ def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):
             # the offloaded gap around schedule step n, where its end can recompute it
             gaps = [g for (u, g), ev in plan.evictions.items() if u == t and ev.kind == "offload"
                     and touch[t][g] <= n <= touch[t][g + 1] and touch[t][g + 1] > last_forward
-                    and _recomputable(t, touch[t][g + 1], touch, producer)]
+                    and math.isfinite(recompute_seconds(t, touch[t][g + 1], touch, producer, secs))]
             if gaps:
                 trial[t, gaps[0]] = Evict("recompute")
         if trial == plan.evictions:
@@ -274,16 +275,6 @@ def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):
             return plan
         plan = better
     return plan
-
-
-def _recomputable(t, at, touch, producer, depth=0):
-    """Whether the lowering can recompute ``t`` before schedule step ``at``: its producer is
-    recomputable and each of its arena inputs lives across ``at`` or can be recomputed so in
-    turn (as deep as the planner's own recomputations go)."""
-    src = producer.get(t)
-    return (src is not None and src.node.op.recomputable and depth <= 3
-            and all(touch[u][0] <= at <= touch[u][-1] or _recomputable(u, at, touch, producer, depth + 1)
-                    for u in dict.fromkeys(src.ins) if u in touch))
 
 
 def _waited_copies(plan, least):
