@@ -1,0 +1,123 @@
+"""Predicted data-parallel training: one rank's plan, its gradient reductions, N ranks' step time.
+
+Every rank runs the same plan on its slice of the global mini-batch, so one
+rank's timeline is the step's. Its program gains a ``reduce`` step per
+gradient bucket (:func:`program.with_reductions`), right after the step that
+writes the bucket's last gradient; the simulator runs them on a third stream
+priced by the system's interconnect (a ring all-reduce, see
+``profiles.Interconnect``), and each optimizer update waits for its own
+bucket's reduction only. Where that link is the host link the offloads use,
+copies and reductions queue on it together.
+
+Scaling is weak: each rank keeps its batch (the per-GPU batch), so N ranks
+train a global batch N times larger. The *speed-up* is the images per second
+of N ranks over those of one device at the per-rank batch, N * t1 / tN, and
+the *efficiency* the speed-up over N. Nothing runs but the planner and the
+simulator.
+
+The budget is per device and holds as planned: a bucket is the gradients'
+own storage in the persistent region and a reduction runs in place on it
+(NCCL and ``MPI_IN_PLACE``), so an in-flight reduction holds no buffer of its
+own; :attr:`Prediction.peak_bytes` is measured on the program with its
+reductions all the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .costmodel import ProfileCost
+from .profiles import Interconnect, get_system
+from .program import with_reductions
+from .simulator import simulate
+from .subbatch import SubBatchPlan
+
+
+@dataclass(frozen=True)
+class Communication:
+    """What the simulator needs of the communication stream: a ring all-reduce over ``ranks``
+    on ``link`` (None: one device, nothing to reduce)."""
+
+    link: Interconnect
+    ranks: int
+
+    def seconds(self, nbytes) -> float:
+        return self.link.allreduce_seconds(nbytes, self.ranks) if self.link is not None else 0.0
+
+    @property
+    def shares_host_link(self) -> bool:
+        return self.link is not None and self.link.shares_host_link
+
+
+@dataclass
+class Prediction:
+    """N ranks running one plan: the single-device timeline and the data-parallel one."""
+
+    ranks: int
+    link: Interconnect
+    single: object           # Simulation of one device (the plan's own prediction)
+    simulation: object       # Simulation of one rank of ``ranks``, reductions included
+    program: object          # the program with its reduce steps (for the last sub-batch where split)
+    buckets: list            # gradient tensor ids per bucket, in reduction order
+    bucket_bytes: list
+    peak_bytes: int          # persistent + the arena of ``program``
+    budget: int = None
+    extra_seconds: float = 0.0   # sub-batches before the last, and the update, in both timelines
+
+    @property
+    def seconds(self) -> float:
+        """Predicted time of one training step of ``ranks`` ranks."""
+        return self.simulation.seconds + self.extra_seconds
+
+    @property
+    def single_seconds(self) -> float:
+        return self.single.seconds + self.extra_seconds
+
+    @property
+    def speedup(self) -> float:
+        return self.ranks * self.single_seconds / self.seconds
+
+    @property
+    def efficiency(self) -> float:
+        return self.speedup / self.ranks
+
+    @property
+    def exposed_seconds(self) -> float:
+        """Time the compute stream waits for reductions."""
+        return self.simulation.comm_wait_seconds
+
+    def summary(self) -> str:
+        link = f"{self.link.name} ({self.link.description})" if self.link is not None else "none"
+        gb = sum(self.bucket_bytes) / 1e6
+        return "\n".join([
+            f"data-parallel: {self.ranks} ranks over {link}; {len(self.buckets)} gradient buckets, {gb:.1f} MB",
+            f"  one device         {self.single_seconds * 1e3:10.2f} ms",
+            f"  {self.ranks} ranks {' ' * max(0, 11 - len(str(self.ranks)))}{self.seconds * 1e3:10.2f} ms; "
+            f"communication {self.simulation.comm_seconds * 1e3:.2f} ms, exposed "
+            f"{self.exposed_seconds * 1e3:.2f} ms",
+            f"  speed-up {self.speedup:.2f}x, scaling efficiency {self.efficiency * 100:.1f}% "
+            f"(weak scaling: each rank keeps its batch)"])
+
+
+def predict(plan, buckets, system, ranks, cost=None) -> Prediction:
+    """The step time of ``ranks`` data-parallel ranks running ``plan`` (a Plan, or a SubBatchPlan
+    whose last sub-batch reduces) on ``system`` (a SystemProfile or its name), with gradient
+    ``buckets`` (lists of the plan's gradient tensor ids, in reduction order). ``cost``: the cost
+    model the plan was made with (default: the system's device profile)."""
+    system = get_system(system)
+    link = system.link(ranks)
+    cost = cost or ProfileCost(system.device)
+    comm = Communication(link, ranks)
+    extra = 0.0
+    if isinstance(plan, SubBatchPlan):      # k - 1 sub-batches accumulate locally, the last reduces
+        extra = (plan.k - 1) * plan.sub.simulation.seconds + plan.update.simulation.seconds
+        persistent = max(plan.sub.persistent_bytes, plan.update.persistent_bytes)
+        plan = plan.sub
+    else:
+        persistent = plan.persistent_bytes
+    program = with_reductions(plan.program, buckets)
+    sim = simulate(program, plan.schedule, cost, algos=plan.algos, comm=comm)
+    sizes = program.tensor_bytes
+    arena = max((r.offset + int(sizes[r.tensor]) for r in program.residencies), default=0)
+    nbytes = [sum(program.tensors[t].nbytes for t in b) for b in buckets]
+    return Prediction(ranks, link, plan.simulation, sim, program, [list(b) for b in buckets], nbytes,
+                      persistent + arena, plan.budget, extra)
