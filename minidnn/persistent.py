@@ -9,19 +9,30 @@ from __future__ import annotations
 from .schedule import OPT_STATE, PARAM, PARAM_GRAD, STATE, aligned
 
 
+def persistent_offsets(schedule) -> dict:
+    """Byte offset in the persistent region of each persistent tensor of ``schedule``, by tensor id:
+    the schedule's order, each buffer aligned (the region :class:`PersistentStore` allocates)."""
+    offsets, off = {}, 0
+    for t in schedule.tensors:
+        if t.persistent:
+            offsets[t.id] = off
+            off += aligned(t.nbytes)
+    return offsets
+
+
 class PersistentStore:
     def __init__(self, backend, schedule, optimizer):
         self.backend = backend
-        tensors = [t for t in schedule.tensors if t.persistent]
-        self.nbytes = sum(aligned(t.nbytes) for t in tensors)
+        self.schedule = schedule               # the schedule whose order lays out the region
+        self.nbytes = schedule.persistent_bytes
         self.region = backend.empty(self.nbytes)
+        self.region[...] = 0                   # the alignment padding too: a reduced bucket spans it
         self._views = {}                      # (category, id(param), state index) -> array
-        off = 0
-        for t in tensors:
+        for tid, off in persistent_offsets(schedule).items():
+            t = schedule.tensor(tid)
             p = t.value.param
             key = (t.category, id(p), t.slot)
             view = self.region[off:off + t.nbytes].view(t.spec.dtype).reshape(t.spec.shape)
-            off += aligned(t.nbytes)
             if t.category in (PARAM, STATE):
                 backend.write(view, p.data)
                 p.data = view
