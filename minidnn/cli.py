@@ -210,21 +210,42 @@ def cmd_models(args):
 
 
 def cmd_plan(args):
-    """``minidnn plan``: the memory plan of one training step under a budget; no kernels run."""
+    """``minidnn plan``: the memory plan of one training step under a budget; no kernels run. With
+    ``--ranks N``, each of N data-parallel ranks plans its share of the batch and the step time and
+    scaling efficiency of N ranks on the profile's interconnect are predicted."""
     from . import models
-    from .report import make_plan, plan_dict, plan_text
+    from .memory.profiles import SYSTEMS, get_system
+    from .report import make_plan, plan_dict, plan_text, ranks_dict, ranks_text
     models.info(args.model)
+    system = get_system(args.profile)
+    if args.ranks < 1 or args.batch_size % args.ranks:
+        raise MinidnnError(f"--batch-size {args.batch_size} (the global mini-batch) must split evenly over "
+                           f"--ranks {args.ranks}")
+    if args.ranks > 1 and system.intra is None:
+        raise MinidnnError(f"--profile {args.profile} is one device; --ranks {args.ranks} needs a system "
+                           f"profile ({', '.join(sorted(SYSTEMS))})")
+    system.link(args.ranks)               # more ranks than the system has devices fails before planning
     try:
-        plan, shape = make_plan(args.model, args.batch_size, args.image_size, _budget(args.budget), args.policy,
-                                args.profile)
+        plan, shape = make_plan(args.model, args.batch_size // args.ranks, args.image_size,
+                                _budget(args.budget), args.policy, system.device)
     except MemoryBudgetError as e:
         if args.json:   # machines get the minimum too; the one-line error still goes to stderr
             print(json.dumps({"model": args.model, "error": str(e), "minimum_bytes": e.minimum_bytes}))
         raise
+    pred = None
+    if args.ranks > 1 or system.intra is not None:
+        from .memory.dataparallel import predict
+        from .distributed.buckets import gradient_buckets
+        pred = predict(plan, [b.grads for b in gradient_buckets(plan.schedule)], system, args.ranks)
     if args.json:
-        print(json.dumps(plan_dict(plan, args.model, shape, args.profile, args.policy), indent=1))
+        out = plan_dict(plan, args.model, shape, system.device.name, args.policy)
+        if pred is not None:
+            out["data_parallel"] = ranks_dict(pred, system)
+        print(json.dumps(out, indent=1))
     else:
-        print(plan_text(plan, args.model, shape, args.profile, args.policy))
+        print(plan_text(plan, args.model, shape, system.device.name, args.policy))
+        if pred is not None:
+            print(ranks_text(pred, system, args.batch_size))
     return 0
 
 
@@ -256,6 +277,7 @@ def cmd_info(args):
 def parser():
     """The argument parser of the ``minidnn`` command."""
     from .memory import PROFILES
+    from .memory.profiles import SYSTEMS
     p = argparse.ArgumentParser(prog="minidnn", description="Train CNNs within a memory budget.",
                                 epilog="Errors are one line on stderr (exit status 2); set MINIDNN_DEBUG=1 "
                                        "for the traceback.")
@@ -315,11 +337,18 @@ def parser():
 
     pl = sub.add_parser("plan", help="the memory plan of a training step under a budget (no kernels run)")
     pl.add_argument("--model", required=True)
-    pl.add_argument("--batch-size", type=int, default=32)
+    pl.add_argument("--batch-size", type=int, default=32,
+                    help="the global mini-batch: with --ranks N, each rank plans batch-size / N")
     pl.add_argument("--image-size", type=int, default=None, help="default: the model's own input size")
-    pl.add_argument("--budget", default=None, help="bytes, '12GiB', '60%%' or a fraction of the liveness peak")
-    pl.add_argument("--profile", choices=sorted(PROFILES), default="titanx-12gb",
-                    help="device profile for the cost model")
+    pl.add_argument("--budget", default=None,
+                    help="bytes, '12GiB', '60%%' or a fraction of the liveness peak (per device)")
+    pl.add_argument("--profile", choices=sorted(PROFILES) + sorted(SYSTEMS), default="titanx-12gb",
+                    help="device profile for the cost model, or a multi-device system (" +
+                         ", ".join(sorted(SYSTEMS)) + ") whose device it uses")
+    pl.add_argument("--ranks", type=int, default=1,
+                    help="data-parallel ranks (devices of a system profile): predicts the step time and "
+                         "the scaling efficiency (each rank at batch-size / N, against one device at that "
+                         "batch) without running a kernel")
     pl.add_argument("--policy", choices=["auto", "swap", "recompute", "none"], default="auto")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(fn=cmd_plan)

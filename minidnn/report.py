@@ -184,3 +184,20 @@ def plan_text(plan, name, shape, profile, policy="auto"):
     lines.append(f"predicted step time {sim.seconds * 1e3:.2f} ms; with unlimited memory {base.seconds * 1e3:.2f} ms;"
                  f" overhead {over * 100:+.1f}%")
     return "\n".join(lines)
+
+
+def ranks_text(pred, system, batch_size):
+    """The data-parallel prediction (memory.dataparallel.Prediction) as ``minidnn plan --ranks`` prints it."""
+    return (f"{pred.ranks} ranks of {system.name} ({system.description}), global batch {batch_size} = "
+            f"{batch_size // pred.ranks} per rank\n" + pred.summary())
+
+
+def ranks_dict(pred, system):
+    """What ``minidnn plan --ranks --json`` adds: the data-parallel prediction's figures."""
+    return {"system": system.name, "ranks": pred.ranks, "link": pred.link.name if pred.link else None,
+            "buckets": len(pred.buckets), "bucket_bytes": [int(b) for b in pred.bucket_bytes],
+            "single_device_seconds": float(pred.single_seconds), "step_seconds": float(pred.seconds),
+            "communication_seconds": float(pred.simulation.comm_seconds),
+            "exposed_communication_seconds": float(pred.exposed_seconds),
+            "speedup": float(pred.speedup), "efficiency": float(pred.efficiency),
+            "peak_bytes": int(pred.peak_bytes)}

@@ -5,10 +5,12 @@ runs. Links slower than any profile's make the reductions long enough that
 the order of events is visible in the timeline.
 """
 import dataclasses
+import json
 
 import pytest
 
-from minidnn import models
+from minidnn import cli, models
+from minidnn.distributed.buckets import gradient_buckets
 from minidnn.memory import MemoryConfig, plan_memory
 from minidnn.memory.dataparallel import predict
 from minidnn.memory.profiles import SYSTEMS, Interconnect
@@ -19,15 +21,9 @@ from minidnn.schedule import PARAM_GRAD
 SHAPE = (64, 3, 32, 32)
 
 
-def buckets_of(schedule, per=4):
-    """The gradients, ``per`` to a bucket, in the order the backward last writes them."""
-    last = {}
-    for s in schedule.steps:
-        for t in s.writes + s.updates:
-            if schedule.tensors[t].category == PARAM_GRAD:
-                last[t] = s.index
-    order = sorted(last, key=last.get)
-    return [order[i:i + per] for i in range(0, len(order), per)]
+def buckets_of(schedule):
+    """The schedule's gradient buckets (cut small: ResNet-20's gradients are 1 MiB), as tensor ids."""
+    return [b.grads for b in gradient_buckets(schedule, bucket_bytes=128 << 10, tail_bytes=32 << 10)]
 
 
 def system_with(name, **link):
@@ -148,3 +144,19 @@ def test_sub_batches_reduce_once_per_mini_batch(net):
     assert pred.simulation.comm_seconds == pytest.approx(once, rel=1e-12)
     assert one.seconds < pred.seconds < one.seconds + once
 
+
+def test_plan_with_ranks_predicts_scaling(capsys):
+    argv = ["plan", "--model", "resnet20", "--batch-size", "256", "--profile", "v100-pcie3", "--ranks", "4"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "4 ranks" in out and "64 per rank" in out and "scaling efficiency" in out
+    assert cli.main(argv + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["input_shape"][0] == 64 and d["data_parallel"]["ranks"] == 4
+    dp = d["data_parallel"]
+    assert dp["step_seconds"] >= dp["single_device_seconds"] == pytest.approx(d["prediction"]["step_seconds"])
+    assert 0 < dp["efficiency"] <= 1 and dp["speedup"] == pytest.approx(4 * dp["efficiency"])
+    for bad in (["--ranks", "3"], ["--ranks", "16"], ["--ranks", "2", "--profile", "titanx-12gb"]):
+        assert cli.main(argv[:-4] + ["--profile", "v100-pcie3"] + bad) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("minidnn: error: ")

@@ -46,6 +46,8 @@ PROFILES = {p.name: p for p in [
     DeviceProfile("titanx-12gb", "GTX Titan X (Maxwell) 12 GB, PCIe 3.0 x16 - the vDNN/moDNN era",
                   12 * 2**30, 6.1e12, 336 * GB, 16 * GB * 0.75),
     DeviceProfile("k40-12gb", "Tesla K40 12 GB, PCIe 3.0 x16", 12 * 2**30, 4.3e12, 288 * GB, 16 * GB * 0.75),
+    DeviceProfile("p100-16gb", "Tesla P100 16 GB PCIe, PCIe 3.0 x16 (Horovod's Pascal GPUs)", 16 * 2**30, 9.3e12,
+                  732 * GB, 16 * GB * 0.75),
     DeviceProfile("v100-16gb", "Tesla V100 16 GB PCIe, PCIe 3.0 x16", 16 * 2**30, 14.0e12, 900 * GB, 16 * GB * 0.75),
     DeviceProfile("a100-40gb", "A100 40 GB PCIe, PCIe 4.0 x16", 40 * 2**30, 19.5e12, 1555 * GB, 32 * GB * 0.75),
     DeviceProfile("h100-80gb", "H100 80 GB PCIe, PCIe 5.0 x16", 80 * 2**30, 51.0e12, 2000 * GB, 64 * GB * 0.75),
@@ -108,6 +110,8 @@ LINKS = {link.name: link for link in [
                  efficiency=235 / 300),
     # 100 Gb/s (InfiniBand EDR or 100 GbE RoCE) = 12.5 GB/s per direction; the NIC sits on the GPUs'
     # PCIe switch (GPUDirect RDMA), so its traffic shares the GPU's x16 link with offloads
+    # 25 Gb/s RoCE = 3.125 GB/s per direction: Horovod's cluster (Sergeev & Del Balso 2018)
+    Interconnect("net25g", "25 Gb/s RoCE, one NIC per node", 3.125 * GB, 9.6e-6, shares_host_link=True),
     Interconnect("net100g", "100 Gb/s network (InfiniBand EDR / RoCE), one NIC per node", 12.5 * GB, 9.6e-6,
                  shares_host_link=True),
 ]}
@@ -150,6 +154,9 @@ SYSTEMS = {s.name: s for s in [
                   PROFILES["a100-40gb"], 8, LINKS["nvlink3"]),
     SystemProfile("a100-2x8-100g", "2 nodes x 8 A100 40 GB on NVLink 3, nodes over 100 Gb/s",
                   PROFILES["a100-40gb"], 8, LINKS["nvlink3"], LINKS["net100g"], nodes=2),
+    # Horovod's anchor: "128 servers with 4 Pascal GPUs each connected by RoCE-capable 25 Gbit/s network"
+    SystemProfile("p100-128x4-25g", "128 nodes x 4 P100 on PCIe 3.0, nodes over 25 Gb/s RoCE (Horovod's)",
+                  PROFILES["p100-16gb"], 4, LINKS["pcie3"], LINKS["net25g"], nodes=128),
 ]}
 
 
