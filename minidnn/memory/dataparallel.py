@@ -2,7 +2,7 @@
 
 Every rank runs the same plan on its slice of the global mini-batch, so one
 rank's timeline is the step's. Its program gains a ``reduce`` step per
-gradient bucket (:func:`program.with_reductions`), right after the step that
+gradient bucket (:func:`with_reductions`), right after the step that
 writes the bucket's last gradient; the simulator runs them on a third stream
 priced by the system's interconnect (a ring all-reduce, see
 ``profiles.Interconnect``), and each optimizer update waits for its own
@@ -23,11 +23,14 @@ reductions all the same.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from copy import copy as shallow
 from dataclasses import dataclass
 
+from ..schedule import Step
 from .costmodel import ProfileCost
 from .profiles import Interconnect, get_system
-from .program import with_reductions
+from .program import Program, Residency
 from .simulator import simulate
 from .subbatch import SubBatchPlan
 
@@ -121,3 +124,56 @@ def predict(plan, buckets, system, ranks, cost=None) -> Prediction:
     nbytes = [sum(program.tensors[t].nbytes for t in b) for b in buckets]
     return Prediction(ranks, link, plan.simulation, sim, program, [list(b) for b in buckets], nbytes,
                       persistent + arena, plan.budget, extra)
+
+
+def with_reductions(program, buckets) -> Program:
+    """``program`` with a ``reduce`` step per gradient bucket (a list of gradient tensor ids;
+    ``buckets`` in the order they are reduced), each right after the step that writes its last
+    gradient: the communication stream's steps, for the simulator and the executor. The optimizer
+    updates take the places of the updates in the order their buckets are reduced (they touch only
+    their own parameter, gradient, state and scratch), so each waits for its own reduction only
+    and the first ones run while later buckets are still being reduced.
+
+    A reduction is in place on its bucket, which the persistent region holds (the gradients are
+    views of it), so it adds no arena buffer: the residencies and their offsets are those of
+    ``program``, renumbered (an update's scratch buffer moves with it). With sub-batches, the
+    program of the last one carries them (the gradients are reduced once per mini-batch)."""
+    last = {}                                 # gradient -> the last step that writes or adds into it
+    for s in program.steps:
+        if s.kind not in ("offload", "prefetch"):
+            for t in s.writes + s.updates:
+                last[t] = s.index
+    after = defaultdict(list)                 # program step -> the buckets reduced after it
+    for k, bucket in enumerate(buckets):
+        missing = [program.tensors[t].name for t in bucket if t not in last]
+        if missing:
+            raise ValueError(f"bucket {k}: no step of the program writes {', '.join(missing[:3])}")
+        after[max(last[t] for t in bucket)].append(k)
+    rank = {t: k for k, bucket in enumerate(buckets) for t in bucket}
+    places = [s.index for s in program.steps if s.kind == "update"]
+    updates = sorted(places, key=lambda i: (min((rank.get(t, len(buckets)) for t in program.steps[i].reads),
+                                                default=len(buckets)), i))
+    order = list(range(len(program.steps)))
+    for place, i in zip(places, updates):
+        order[place] = i
+    steps, origin, at = [], [], [0] * len(order)   # at: old position -> new position
+    moved = {}                                # an update's scratch tensor -> its new step
+    for pos, i in enumerate(order):
+        s = program.steps[i]
+        at[pos] = len(steps)
+        copy = shallow(s)
+        copy.index = len(steps)
+        steps.append(copy)
+        origin.append(program.origin[i])
+        if i != pos and s.ws is not None:
+            moved[s.ws] = copy.index
+        for k in after.get(i, ()):
+            bucket = list(buckets[k])
+            steps.append(Step(len(steps), "reduce", f"reduce bucket {k}", updates=bucket, ins=bucket,
+                              outs=bucket))
+            origin.append(-1)
+    res = [Residency(r.tensor, moved.get(r.tensor, at[r.start]), moved.get(r.tensor, at[r.end]), r.origin,
+                     r.offset, None if r.wait_offload is None else at[r.wait_offload], r.delay)
+           for r in program.residencies]
+    return Program(steps, program.tensors, res, dict(program.host_slots), program.host_bytes, origin,
+                   program.tensor_bytes)
