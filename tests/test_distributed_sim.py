@@ -126,6 +126,11 @@ def test_the_budget_holds_with_ranks(plans, schedule):
         assert sorted(t for b in pred.buckets for t in b) == sorted(t.id for t in grads)
         assert sum(pred.bucket_bytes) == sum(t.nbytes for t in grads)
         assert max(pred.simulation.memory) == max(plan.simulation.memory)
+        sizes = pred.program.tensor_bytes
+        for i in range(len(pred.program.steps)):     # no two buffers live at one step share a byte
+            live = sorted((r.offset, r.offset + int(sizes[r.tensor])) for r in pred.program.residencies
+                          if r.start <= i <= r.end)
+            assert all(end <= start for (_, end), (start, _) in zip(live, live[1:]))
 
 
 def test_sub_batches_reduce_once_per_mini_batch(net):

@@ -126,7 +126,7 @@ def predict(plan, buckets, system, ranks, cost=None) -> Prediction:
                       persistent + arena, plan.budget, extra)
 
 
-def with_reductions(program, buckets) -> Program:
+def with_reductions(program, buckets, reorder=True) -> Program:
     """``program`` with a ``reduce`` step per gradient bucket (a list of gradient tensor ids;
     ``buckets`` in the order they are reduced), each right after the step that writes its last
     gradient: the communication stream's steps, for the simulator and the executor. The optimizer
@@ -136,8 +136,10 @@ def with_reductions(program, buckets) -> Program:
 
     A reduction is in place on its bucket, which the persistent region holds (the gradients are
     views of it), so it adds no arena buffer: the residencies and their offsets are those of
-    ``program``, renumbered (an update's scratch buffer moves with it). With sub-batches, the
-    program of the last one carries them (the gradients are reduced once per mini-batch)."""
+    ``program``, renumbered (an update's scratch buffer moves with it; where its place in the arena
+    is not free at its new step, as a buffer whose free was delayed into the updates may hold it,
+    the updates keep their order: ``reorder=False``). With sub-batches, the program of the last one
+    carries them (the gradients are reduced once per mini-batch)."""
     last = {}                                 # gradient -> the last step that writes or adds into it
     for s in program.steps:
         if s.kind not in ("offload", "prefetch"):
@@ -150,7 +152,7 @@ def with_reductions(program, buckets) -> Program:
             raise ValueError(f"bucket {k}: no step of the program writes {', '.join(missing[:3])}")
         after[max(last[t] for t in bucket)].append(k)
     rank = {t: k for k, bucket in enumerate(buckets) for t in bucket}
-    places = [s.index for s in program.steps if s.kind == "update"]
+    places = [s.index for s in program.steps if s.kind == "update"] if reorder else []
     updates = sorted(places, key=lambda i: (min((rank.get(t, len(buckets)) for t in program.steps[i].reads),
                                                 default=len(buckets)), i))
     order = list(range(len(program.steps)))
@@ -175,5 +177,19 @@ def with_reductions(program, buckets) -> Program:
     res = [Residency(r.tensor, moved.get(r.tensor, at[r.start]), moved.get(r.tensor, at[r.end]), r.origin,
                      r.offset, None if r.wait_offload is None else at[r.wait_offload], r.delay)
            for r in program.residencies]
+    if moved and _collides([r for r in res if r.tensor in moved], res, program.tensor_bytes):
+        return with_reductions(program, buckets, reorder=False)
     return Program(steps, program.tensors, res, dict(program.host_slots), program.host_bytes, origin,
                    program.tensor_bytes)
+
+
+def _collides(moved, residencies, nbytes) -> bool:
+    """Whether a residency of ``moved`` shares bytes of the arena with another live at its step."""
+    lo, hi = min(r.start for r in moved), max(r.end for r in moved)
+    near = [r for r in residencies if r.start <= hi and r.end >= lo]
+    for m in moved:
+        a, b = m.offset, m.offset + int(nbytes[m.tensor])
+        for r in near:
+            if r is not m and r.start <= m.start <= r.end and r.offset < b and a < r.offset + int(nbytes[r.tensor]):
+                return True
+    return False
