@@ -1,0 +1,181 @@
+"""Adaptive average and max pooling: PyTorch's windows at awkward sizes, its tie rule, bad sizes.
+
+The op cases go through the shared harness (tests/harness.py): forward in float64 and float32
+against a NumPy reference written here, gradients against float64 central differences, and
+forward and gradients against ``torch.nn.functional``; on "cuda" too where a GPU is present.
+"""
+import math
+import re
+
+import numpy as np
+import pytest
+
+from harness import DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, host, rng_for
+from minidnn import nn, ops
+from minidnn.errors import ShapeError
+from minidnn.graph import trace
+
+
+
+# ----------------------------------------------------------- NumPy reference
+def windows(size, out):
+    """PyTorch's adaptive windows, from their definition in real arithmetic."""
+    return [(math.floor(i * size / out), math.ceil((i + 1) * size / out)) for i in range(out)]
+
+
+def ref_adaptive(x, output_size, reduce):
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    oh, ow = oh or x.shape[2], ow or x.shape[3]
+    y = np.empty(x.shape[:2] + (oh, ow))
+    for i, (h0, h1) in enumerate(windows(x.shape[2], oh)):
+        for j, (w0, w1) in enumerate(windows(x.shape[3], ow)):
+            y[:, :, i, j] = reduce(x[:, :, h0:h1, w0:w1], axis=(2, 3))
+    return y
+
+
+def randn(name, shape):
+    return rng_for(name, shape).standard_normal(shape)
+
+
+def distinct(name, shape):
+    """No ties and no two values within 2 * eps, so central differences never cross a kink."""
+    return rng_for(name, shape).permutation(int(np.prod(shape))).reshape(shape) * 0.01 - 1.0
+
+
+def ties(name, shape):
+    """Three values only: most windows hold their maximum several times."""
+    return rng_for(name, shape).integers(0, 3, shape).astype(np.float64)
+
+
+def avg_case(name, shape, output_size):
+    return OpCase(name, lambda x: ops.adaptive_avg_pool2d(x, output_size), [randn(name, shape)],
+                  lambda x: ref_adaptive(x, output_size, np.mean),
+                  torch=lambda F, x: F.adaptive_avg_pool2d(x, output_size))
+
+
+def max_case(name, shape, output_size, make=distinct):
+    return OpCase(name, lambda x: ops.adaptive_max_pool2d(x, output_size), [make(name, shape)],
+                  lambda x: ref_adaptive(x, output_size, np.max),
+                  torch=lambda F, x: F.adaptive_max_pool2d(x, output_size))
+
+
+SIZES = [   # (input shape, output_size): shrinking, growing, non-square, None keeping a dimension
+    ((2, 3, 7, 7), 3),
+    ((2, 2, 5, 5), 2),
+    ((1, 3, 1, 1), 4),
+    ((2, 2, 9, 6), (4, 5)),
+    ((1, 2, 4, 11), (7, 3)),
+    ((2, 1, 5, 9), (None, 4)),
+    ((3, 2, 6, 4), (1, 1)),
+]
+CASES = ([avg_case(f"avg_{s[2]}x{s[3]}_to_{o}", s, o) for s, o in SIZES]
+         + [max_case(f"max_{s[2]}x{s[3]}_to_{o}", s, o) for s, o in SIZES])
+TIES = [max_case(f"max_ties_{s[2]}x{s[3]}_to_{o}", s, o, ties) for s, o in SIZES if s[2] * s[3] > 1]
+
+
+@pytest.mark.parametrize("case", [c.param("forward") for c in CASES + TIES])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_forward(case, dtype, device):
+    check_forward(case, dtype, device)
+
+
+@pytest.mark.parametrize("case", [c.param("backward") for c in CASES])
+def test_backward_by_central_differences(case, device):
+    check_backward(case, device)
+
+
+@pytest.mark.parametrize("case", [c.param("torch") for c in CASES + TIES])
+def test_against_torch(case, device):
+    """With ties, the gradient goes where torch sends it: the first maximum of each window."""
+    check_torch(case, device)
+
+
+def test_ties_go_to_the_first_maximum():
+    x = np.array([[[[1.0, 3.0, 3.0], [3.0, 0.0, 3.0]]]])      # one window (2x3 -> 1x1), four maxima
+    case = OpCase("first_max", lambda v: ops.adaptive_max_pool2d(v, 1), [x], lambda v: v.max(axis=(2, 3),
+                  keepdims=True))
+    trainer, net = compile_case(case)
+    trainer.step(DUMMY, np.zeros((1, 1, 1, 1)))
+    grad = host(net.holders()[0].grad)
+    assert np.count_nonzero(grad) == 1 and grad[0, 0, 0, 1] != 0
+
+
+def test_nan_propagates_like_torch(device):
+    torch = pytest.importorskip("torch")
+    x = distinct("nan", (1, 2, 5, 4))
+    x[0, 0, 1, 1] = x[0, 1, 3, 2] = x[0, 1, 4, 3] = np.nan
+    case = OpCase("max_nan", lambda v: ops.adaptive_max_pool2d(v, (3, 2)), [x], lambda v: v)
+    trainer, _ = compile_case(case, device=device)
+    want = torch.nn.functional.adaptive_max_pool2d(torch.tensor(x), (3, 2)).numpy()
+    np.testing.assert_array_equal(host(trainer.predict(DUMMY)), want)
+
+
+def test_kernels_refuse_bad_buffers():
+    _C = pytest.importorskip("minidnn._C")
+    x, y = np.zeros((2, 3, 5, 4)), np.zeros((2, 3, 2, 3))
+    with pytest.raises(ValueError, match="'gx'"):
+        _C.adaptive_maxpool2d_backward(x, y, np.zeros((2, 3, 4, 5)))
+    with pytest.raises(ValueError, match="'y'"):
+        _C.adaptive_avgpool2d_forward(x, np.zeros((2, 4, 2, 3)))
+    with pytest.raises(ValueError, match="non-empty"):
+        _C.adaptive_maxpool2d_forward(x, np.zeros((2, 3, 0, 3)))
+    with pytest.raises(ValueError):
+        _C.adaptive_avgpool2d_forward(x, np.zeros((2, 3, 2, 6))[:, :, :, ::2])    # not contiguous
+    with pytest.raises(TypeError):
+        _C.adaptive_avgpool2d_backward(y.astype(np.float32), np.zeros((2, 3, 5, 4)))
+
+
+# ------------------------------------------------------------- what is recorded
+def _ops_of(module, shape):
+    return [n.op.name for n in trace(module, shape).nodes]
+
+
+def test_recorded_ops():
+    assert _ops_of(nn.AdaptiveAvgPool2d((3, 2)), (1, 2, 7, 5)) == ["adaptive_avg_pool2d"]
+    assert _ops_of(nn.AdaptiveMaxPool2d(3), (1, 2, 7, 5)) == ["adaptive_max_pool2d"]
+    assert _ops_of(nn.AdaptiveAvgPool2d(1), (1, 2, 7, 5)) == ["global_avg_pool"]
+    # output size = input size: every window is one pixel, the identity, and nothing is recorded
+    assert _ops_of(nn.Sequential(nn.ReLU(), nn.AdaptiveAvgPool2d((None, 5))), (1, 2, 7, 5)) == ["relu"]
+    assert _ops_of(nn.Sequential(nn.ReLU(), nn.AdaptiveMaxPool2d((7, None))), (1, 2, 7, 5)) == ["relu"]
+    assert tuple(trace(nn.AdaptiveMaxPool2d((None, 2)), (3, 2, 7, 5)).outputs[0].shape) == (3, 2, 7, 2)
+
+
+def test_backward_keeps_what_it_reads():
+    """Max pool's backward recomputes the argmax from x; avg pool's reads only shapes."""
+    assert ops.pool.AdaptiveMaxPool2dOp.saved_inputs == (0,)
+    assert ops.pool.AdaptiveAvgPool2dOp.saved_inputs == () == ops.pool.AdaptiveAvgPool2dOp.saved_outputs
+
+
+# ----------------------------------------------------------------- bad sizes
+BAD = [0, -1, (2, 0), (-3, 2), (0, None), 2.5, None, (1, 2, 3), (True, 2), "7"]
+
+
+@pytest.mark.parametrize("layer", [nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d])
+@pytest.mark.parametrize("size", BAD, ids=repr)
+def test_bad_output_size_names_the_layer(layer, size):
+    with pytest.raises(ShapeError, match=f"{layer.__name__}: output_size must be .*got {re.escape(repr(size))}$"):
+        layer(size)
+
+
+class _Pools(nn.Module):
+    def __init__(self, fn, size):
+        super().__init__()
+        self.fn, self.size = fn, size
+
+    def forward(self, x):
+        return self.fn(x, self.size)
+
+
+@pytest.mark.parametrize("kind", ["avg", "max"])
+def test_bad_functional_output_size_names_the_module(kind):
+    fn, layer = getattr(nn.functional, f"adaptive_{kind}_pool2d"), f"Adaptive{kind.title()}Pool2d"
+    with pytest.raises(ShapeError, match=rf"^1 \(adaptive_{kind}_pool2d\): {layer}: output_size .*\(3, 0\)"):
+        trace(nn.Sequential(nn.ReLU(), _Pools(fn, (3, 0))), (1, 2, 5, 5))
+    with pytest.raises(ShapeError, match=r"^1 .*4-D"):
+        trace(nn.Sequential(nn.ReLU(), _Pools(fn, 2)), (2, 5))
+
+
+def test_return_indices_is_refused():
+    with pytest.raises(ValueError, match="return_indices"):
+        nn.AdaptiveMaxPool2d(2, return_indices=True)
+    assert repr(nn.AdaptiveMaxPool2d((None, 3))).endswith("(output_size=(None, 3))")
