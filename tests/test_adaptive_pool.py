@@ -1,4 +1,5 @@
-"""Adaptive average and max pooling: PyTorch's windows at awkward sizes, its tie rule, bad sizes.
+"""Adaptive average and max pooling: PyTorch's windows at awkward sizes, its tie rule, bad sizes,
+and the VGG and AlexNet inputs they open (each of torchvision's models at a size other than 224).
 
 The op cases go through the shared harness (tests/harness.py): forward in float64 and float32
 against a NumPy reference written here, gradients against float64 central differences, and
@@ -10,11 +11,22 @@ import re
 import numpy as np
 import pytest
 
+import minidnn as mdn
 from harness import DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, host, rng_for
-from minidnn import nn, ops
+from minidnn import nn, ops, optim
 from minidnn.errors import ShapeError
 from minidnn.graph import trace
 
+try:
+    from minidnn import models
+except ImportError:  # the repository's top-level models/ folder before it is installed as minidnn.models
+    import models
+
+try:
+    import torch
+    from torch import nn as tnn
+except ImportError:
+    torch = tnn = None
 
 
 # ----------------------------------------------------------- NumPy reference
@@ -179,3 +191,76 @@ def test_return_indices_is_refused():
     with pytest.raises(ValueError, match="return_indices"):
         nn.AdaptiveMaxPool2d(2, return_indices=True)
     assert repr(nn.AdaptiveMaxPool2d((None, 3))).endswith("(output_size=(None, 3))")
+
+
+# --------------------------------------------- VGG and AlexNet at other sizes
+VGG11 = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]   # torchvision's configuration A
+
+
+def torch_vgg11_bn(num_classes):
+    """torchvision's vgg11_bn written with torch.nn layers (dropout 0, so a step is deterministic)."""
+    layers, c = [], 3
+    for v in VGG11:
+        if v == "M":
+            layers.append(tnn.MaxPool2d(2, 2))
+        else:
+            layers += [tnn.Conv2d(c, v, 3, padding=1), tnn.BatchNorm2d(v), tnn.ReLU(inplace=True)]
+            c = v
+    net = tnn.Module()
+    net.features = tnn.Sequential(*layers)
+    net.avgpool = tnn.AdaptiveAvgPool2d((7, 7))
+    net.classifier = tnn.Sequential(tnn.Linear(512 * 7 * 7, 4096), tnn.ReLU(True), tnn.Dropout(0.0),
+                                    tnn.Linear(4096, 4096), tnn.ReLU(True), tnn.Dropout(0.0),
+                                    tnn.Linear(4096, num_classes))
+    return net
+
+
+def torch_alexnet(num_classes):
+    net = tnn.Module()
+    net.features = tnn.Sequential(
+        tnn.Conv2d(3, 64, 11, stride=4, padding=2), tnn.ReLU(True), tnn.MaxPool2d(3, 2),
+        tnn.Conv2d(64, 192, 5, padding=2), tnn.ReLU(True), tnn.MaxPool2d(3, 2),
+        tnn.Conv2d(192, 384, 3, padding=1), tnn.ReLU(True), tnn.Conv2d(384, 256, 3, padding=1), tnn.ReLU(True),
+        tnn.Conv2d(256, 256, 3, padding=1), tnn.ReLU(True), tnn.MaxPool2d(3, 2))
+    net.avgpool = tnn.AdaptiveAvgPool2d((6, 6))
+    net.classifier = tnn.Sequential(tnn.Dropout(0.0), tnn.Linear(256 * 6 * 6, 4096), tnn.ReLU(True),
+                                    tnn.Dropout(0.0), tnn.Linear(4096, 4096), tnn.ReLU(True),
+                                    tnn.Linear(4096, num_classes))
+    return net
+
+
+def _torch_forward(tnet, x):
+    x = tnet.avgpool(tnet.features(torch.from_numpy(x)))
+    return tnet.classifier(torch.flatten(x, 1))
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name,size,torch_net", [("vgg11_bn", 64, torch_vgg11_bn), ("alexnet", 96, torch_alexnet)])
+def test_torchvision_model_at_another_size_matches_torch(name, size, torch_net):
+    """Same weights, one SGD step in float64: the same loss and parameters after it, then the same
+    eval output (VGG: 2x2 features spread over 7x7 windows; AlexNet: 2x2 over 6x6)."""
+    classes, shape = 10, (2, 3, size, size)
+    net = models.get(name, num_classes=classes, dropout=0.0)
+    tnet = torch_net(classes)
+    tnet.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})   # strict
+    tnet.to(torch.float64)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape)
+    y = rng.integers(0, classes, shape[0]).astype(np.int64)
+
+    trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optimizer=optim.SGD(lr=0.5), dtype=np.float64)
+    assert "adaptive_avg_pool2d" in [n.op.name for n in trace(net, shape, np.float64).nodes]
+    loss = trainer.step(x, y)
+    topt = torch.optim.SGD(tnet.parameters(), lr=0.5)
+    tloss = tnn.functional.cross_entropy(_torch_forward(tnet, x), torch.from_numpy(y))
+    tloss.backward()
+    topt.step()
+    assert loss == pytest.approx(tloss.item(), rel=1e-12)
+    tparams = dict(tnet.named_parameters())
+    for n, p in net.named_parameters():    # conv biases before a BatchNorm get rounding noise only: atol
+        np.testing.assert_allclose(host(p.data), tparams[n].detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=n)
+
+    tnet.eval()
+    with torch.no_grad():
+        want = _torch_forward(tnet, x).numpy()
+    np.testing.assert_allclose(trainer.predict(x), want, rtol=1e-9, atol=1e-12)
