@@ -14,8 +14,11 @@ import pytest
 import minidnn as mdn
 from harness import DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, host, rng_for
 from minidnn import nn, ops, optim
+from minidnn.autograd import build_schedule
+from minidnn.backend import get_backend
 from minidnn.errors import ShapeError
 from minidnn.graph import trace
+from minidnn.memory import minimum_bytes
 
 try:
     from minidnn import models
@@ -156,6 +159,57 @@ def test_backward_keeps_what_it_reads():
     """Max pool's backward recomputes the argmax from x; avg pool's reads only shapes."""
     assert ops.pool.AdaptiveMaxPool2dOp.saved_inputs == (0,)
     assert ops.pool.AdaptiveAvgPool2dOp.saved_inputs == () == ops.pool.AdaptiveAvgPool2dOp.saved_outputs
+
+
+class _PoolNet(nn.Module):
+    """Each adaptive pool reads a convolution's output, which no other backward keeps: only the
+    pool's own declaration keeps it."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.features = nn.Sequential(*[m for c in (3, width) for m in
+                                        (nn.Conv2d(c, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())],
+                                      nn.Conv2d(width, width, 3, padding=1))
+        self.pool1 = nn.AdaptiveMaxPool2d((5, 7))
+        self.conv = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.pool2 = nn.AdaptiveAvgPool2d(3)
+        self.fc = nn.Linear(2 * width * 3 * 3, 10)
+
+    def forward(self, x):
+        x = self.pool1(self.features(x))
+        return self.fc(nn.flatten(nn.relu(self.pool2(self.conv(x)))))
+
+
+POOL_NET_INPUT = (16, 3, 13, 11)
+
+
+def _train_pool_net(budget):
+    trainer = mdn.compile(_PoolNet().init_parameters(0), POOL_NET_INPUT, nn.CrossEntropyLoss(),
+                          optim.SGD(lr=0.1, momentum=0.9),
+                          memory=mdn.MemoryConfig(budget=budget, poison=True, check=True, algorithms="default",
+                                                  sub_batching=False))
+    rng = np.random.default_rng(3)
+    losses = [trainer.step(rng.standard_normal(POOL_NET_INPUT).astype(np.float32),
+                           rng.integers(0, 10, POOL_NET_INPUT[0])) for _ in range(2)]
+    return trainer, losses, {k: host(v) for k, v in trainer.net.state_dict().items()}
+
+
+@pytest.mark.parametrize("where", [0.0, 0.5], ids=["minimum", "midway"])
+def test_budgeted_training_is_bitwise_identical(where):
+    """The planner sees what each backward keeps (x for max, nothing for avg): evicting by that
+    changes no bit, and poison mode shows that no backward reads a freed buffer. Budgets: the
+    minimum, and midway between it and the unlimited plan's peak."""
+    ref, ref_losses, ref_state = _train_pool_net(None)
+    schedule = build_schedule(trace(_PoolNet(), POOL_NET_INPUT, loss=nn.CrossEntropyLoss()),
+                              optimizer=optim.SGD(lr=0.1, momentum=0.9))
+    config = mdn.MemoryConfig(algorithms="default")
+    low = minimum_bytes(schedule, config, get_backend("cpu").planning_cost(None, config.profile))
+    trainer, losses, state = _train_pool_net(int(low + where * (ref.plan.peak_bytes - low)))
+    assert trainer.plan.evictions and not trainer.plan.algorithm_changes
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes < ref.plan.peak_bytes
+    assert losses == ref_losses
+    for k in ref_state:
+        assert np.array_equal(state[k], ref_state[k]), k
 
 
 # ----------------------------------------------------------------- bad sizes
