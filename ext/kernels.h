@@ -30,6 +30,12 @@ void avgpool2d_backward(py::object gy, py::object gx, index_t kh, index_t kw,
                         index_t sh, index_t sw, index_t ph, index_t pw,
                         bool count_include_pad);
 
+// adaptive_pool.cpp --------------------------------------------------------
+void adaptive_avgpool2d_forward(py::object x, py::object y);
+void adaptive_avgpool2d_backward(py::object gy, py::object gx);
+void adaptive_maxpool2d_forward(py::object x, py::object y);
+void adaptive_maxpool2d_backward(py::object x, py::object gy, py::object gx);
+
 // batchnorm.cpp ------------------------------------------------------------
 void bn_stats(py::object x, py::object mean, py::object var);
 void bn_forward_train(py::object x, py::object gamma, py::object beta,

@@ -80,6 +80,30 @@ PYBIND11_MODULE(_C, m) {
           "OVERWRITES gx (N, C, H, W) with the gradient of average pooling given gy\n"
           "(N, C, OH, OW).");
 
+    m.def("adaptive_avgpool2d_forward", &minidnn::adaptive_avgpool2d_forward, "x"_a, "y"_a,
+          "adaptive_avgpool2d_forward(x, y) -> None\n\n"
+          "Adaptive average pooling of x (N, C, H, W) into y (N, C, OH, OW), PyTorch\n"
+          "AdaptiveAvgPool2d: y[oh, ow] is the mean of rows [floor(oh*H/OH),\n"
+          "ceil((oh+1)*H/OH)) and columns [floor(ow*W/OW), ceil((ow+1)*W/OW)).");
+
+    m.def("adaptive_avgpool2d_backward", &minidnn::adaptive_avgpool2d_backward, "gy"_a, "gx"_a,
+          "adaptive_avgpool2d_backward(gy, gx) -> None\n\n"
+          "OVERWRITES gx (N, C, H, W) with the gradient of adaptive average pooling\n"
+          "given gy (N, C, OH, OW).");
+
+    m.def("adaptive_maxpool2d_forward", &minidnn::adaptive_maxpool2d_forward, "x"_a, "y"_a,
+          "adaptive_maxpool2d_forward(x, y) -> None\n\n"
+          "Adaptive max pooling of x (N, C, H, W) into y (N, C, OH, OW) over the windows\n"
+          "of adaptive_avgpool2d_forward, PyTorch AdaptiveMaxPool2d.");
+
+    m.def("adaptive_maxpool2d_backward", &minidnn::adaptive_maxpool2d_backward, "x"_a, "gy"_a,
+          "gx"_a,
+          "adaptive_maxpool2d_backward(x, gy, gx) -> None\n\n"
+          "OVERWRITES gx (N, C, H, W) with the gradient of adaptive max pooling given gy\n"
+          "(N, C, OH, OW). The argmax is recomputed from x (no index buffer): the first\n"
+          "maximum in row-major window order wins (a later element replaces it only if\n"
+          "strictly greater, or NaN), as in PyTorch.");
+
     m.def("bn_stats", &minidnn::bn_stats, "x"_a, "mean"_a, "var"_a,
           "bn_stats(x, mean, var) -> None\n\n"
           "Per-channel mean and biased variance of x (N, C, *spatial) written into mean\n"

@@ -3,17 +3,15 @@
 Module and parameter names equal torchvision's (``features.0.weight`` ...
 ``classifier.6.bias``), so a torchvision state_dict loads as is.
 
-torchvision ends the features with ``AdaptiveAvgPool2d((6, 6))``. minidnn's
-adaptive pooling only reduces to 1x1, so ``avgpool`` is an ``Identity`` here:
-the input must give a 6x6 feature map, which a 224x224 image does (224 -> 55
--> 27 -> 13 -> 6); for 224x224 inputs the two are the same function. Other
-sizes raise :class:`~minidnn.errors.ShapeError` while tracing, naming the layer
-(a 32x32 image shrinks below the last pooling window at ``features.12``).
+``avgpool`` is torchvision's ``AdaptiveAvgPool2d((6, 6))``, so as torchvision's
+the model takes any input its features do not shrink to nothing (224 -> 55 ->
+27 -> 13 -> 6, where the pool is the identity; 96 -> 23 -> 11 -> 5 -> 2). A
+32x32 image shrinks below the last pooling window: tracing raises
+:class:`~minidnn.errors.ShapeError` naming ``features.12``.
 """
 from __future__ import annotations
 
 from minidnn import nn
-from minidnn.errors import ShapeError
 
 
 class AlexNet(nn.Module):
@@ -34,7 +32,7 @@ class AlexNet(nn.Module):
             nn.ReLU(inplace=True),
             nn.MaxPool2d(kernel_size=3, stride=2),
         )
-        self.avgpool = nn.Identity()  # torchvision: AdaptiveAvgPool2d((6, 6)); see the module docstring
+        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
         self.classifier = nn.Sequential(
             nn.Dropout(p=dropout),
             nn.Linear(256 * 6 * 6, 4096),
@@ -47,14 +45,11 @@ class AlexNet(nn.Module):
 
     def forward(self, x):
         x = self.features(x)
-        if tuple(x.shape[2:]) != (6, 6):
-            raise ShapeError(f"avgpool: AlexNet needs a 6x6 feature map here (a 224x224 input), got "
-                             f"{x.shape[2]}x{x.shape[3]}; AdaptiveAvgPool2d((6, 6)) is not available")
         x = self.avgpool(x)
         x = nn.functional.flatten(x, 1)
         return self.classifier(x)
 
 
 def alexnet(num_classes=1000, **kwargs):
-    """AlexNet for 3x224x224 images, torchvision's layout and parameter names."""
+    """AlexNet (3x224x224 images by default, other sizes too), torchvision's layout and parameter names."""
     return AlexNet(num_classes=num_classes, **kwargs)

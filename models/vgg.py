@@ -3,20 +3,19 @@
 Names equal torchvision's: ``features.<i>`` (the conv/BN/ReLU/pool stack),
 ``avgpool`` and ``classifier.0/3/6`` (the Linear layers; 2 and 5 are Dropout).
 
-torchvision's ``avgpool`` is ``AdaptiveAvgPool2d((7, 7))``; minidnn's adaptive
-pooling only reduces to 1x1, so ``avgpool`` is an ``Identity`` and the
-features must already be ``image_size // 32`` square. At the default 224x224
-that is torchvision's 7x7, so the two models are the same function. With
-``image_size`` other than 224 (e.g. 32 for CIFAR) the same convolution stack is
-kept and only the first Linear layer's ``in_features`` changes, to
-``512 * (image_size // 32) ** 2``; the state_dict keys stay the same.
+``avgpool`` is ``AdaptiveAvgPool2d((s, s))`` with ``s = image_size // 32``, and
+the first Linear layer takes ``512 * s * s`` features. At the default
+``image_size=224`` that is torchvision's model, ``AdaptiveAvgPool2d((7, 7))``,
+and as torchvision's it takes any input of at least 32x32 (a 64x64 image's 2x2
+features are spread over the 7x7 windows). A smaller ``image_size`` (32 for
+CIFAR) keeps the convolution stack and the state_dict keys and shrinks only
+``classifier.0``.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from minidnn import nn
-from minidnn.errors import ShapeError
 
 from . import _init
 
@@ -49,11 +48,11 @@ class VGG(nn.Module):
         super().__init__()
         if image_size < 32:
             raise ValueError(f"VGG halves the image five times: image_size must be at least 32, got {image_size}")
-        self.map_size = image_size // 32
+        s = image_size // 32
         self.features = features
-        self.avgpool = nn.Identity()  # torchvision: AdaptiveAvgPool2d((7, 7)); see the module docstring
+        self.avgpool = nn.AdaptiveAvgPool2d((s, s))
         self.classifier = nn.Sequential(
-            nn.Linear(512 * self.map_size * self.map_size, 4096),
+            nn.Linear(512 * s * s, 4096),
             nn.ReLU(inplace=True),
             nn.Dropout(p=dropout),
             nn.Linear(4096, 4096),
@@ -81,10 +80,6 @@ class VGG(nn.Module):
 
     def forward(self, x):
         x = self.features(x)
-        s = self.map_size
-        if tuple(x.shape[2:]) != (s, s):
-            raise ShapeError(f"avgpool: this VGG was built for {s}x{s} feature maps "
-                             f"(image_size={32 * s}), got {x.shape[2]}x{x.shape[3]}; pass image_size=")
         x = self.avgpool(x)
         x = nn.functional.flatten(x, 1)
         return self.classifier(x)

@@ -158,12 +158,14 @@ def test_batchnorm_step_counter_is_a_scalar():
 
 # ---------------------------------------------------------------- AlexNet, VGG, GoogLeNet
 
-def test_alexnet_too_small_input_names_the_layer():
+def test_alexnet_takes_other_input_sizes():
     net = build("alexnet")
     with pytest.raises(ShapeError, match=r"features\.\d+"):
         trace(net, (1, 3, 32, 32))
-    with pytest.raises(ShapeError, match="avgpool.*6x6"):
-        trace(net, (1, 3, 256, 256))  # 7x7 features: torchvision would pool adaptively
+    for size in (96, 256, 227):  # 2x2, 7x7 and 6x6 features, pooled adaptively to 6x6 as in torchvision
+        assert output_shape(net, (1, 3, size, size)) == (1, 1000)
+    ops = [n.op.name for n in trace(net, (1, 3, 224, 224)).nodes]
+    assert "adaptive_avg_pool2d" not in ops  # at 224 the features are 6x6 already: the pool is the identity
 
 
 def test_vgg_other_image_sizes():
@@ -171,9 +173,11 @@ def test_vgg_other_image_sizes():
     assert net.state_dict()["classifier.0.weight"].shape == (4096, 512)
     assert [k for k, _ in layout(net)] == [k for k, _ in layout(build("vgg16"))]
     assert output_shape(net, (2, 3, 32, 32)) == (2, 10)
-    assert output_shape(build("vgg11_bn", image_size=64), (1, 3, 64, 64)) == (1, 1000)
-    with pytest.raises(ShapeError, match="avgpool"):
-        trace(net, (1, 3, 64, 64))
+    assert output_shape(net, (1, 3, 64, 64)) == (1, 10)           # 2x2 features pooled to 1x1
+    assert output_shape(build("vgg11_bn"), (1, 3, 64, 64)) == (1, 1000)   # 2x2 spread over 7x7, as torchvision
+    assert output_shape(build("vgg11", image_size=64), (1, 3, 96, 96)) == (1, 1000)
+    with pytest.raises(ShapeError, match=r"features\.\d+"):
+        trace(net, (1, 3, 16, 16))
 
 
 def test_googlenet_feature_map_sizes_match_torchvision_at_224():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
+from ..ops.pool import adaptive_size
 from . import init
 from .module import Buffer, Module, Parameter
 
@@ -168,15 +169,36 @@ class AvgPool2d(Module):
         return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad)
 
 
-class AdaptiveAvgPool2d(Module):
-    def __init__(self, output_size=(1, 1)):
+class _AdaptivePool2d(Module):
+    """Pooling over PyTorch's adaptive windows: output row i of OH reads input rows floor(i*H/OH)
+    to ceil((i+1)*H/OH), columns likewise. ``output_size``: an int, or (h, w) where None keeps
+    that dimension of the input."""
+
+    def __init__(self, output_size):
         super().__init__()
-        if _pair(output_size) != (1, 1):
-            raise ValueError(f"AdaptiveAvgPool2d supports output_size (1, 1) only, got {output_size}")
-        self.output_size = (1, 1)
+        self.output_size = adaptive_size(output_size, type(self).__name__)
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool2d(_AdaptivePool2d):
+    """The mean of each adaptive window (see ``_AdaptivePool2d``); (1, 1) is the global average."""
 
     def forward(self, x):
-        return ops.adaptive_avg_pool2d(x)
+        return ops.adaptive_avg_pool2d(x, self.output_size)
+
+
+class AdaptiveMaxPool2d(_AdaptivePool2d):
+    """The maximum of each adaptive window (the first of equal maxima, as in PyTorch)."""
+
+    def __init__(self, output_size, return_indices=False):
+        if return_indices:
+            raise ValueError("AdaptiveMaxPool2d: return_indices=True is not supported")
+        super().__init__(output_size)
+
+    def forward(self, x):
+        return ops.adaptive_max_pool2d(x, self.output_size)
 
 
 class Flatten(Module):

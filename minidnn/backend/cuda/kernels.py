@@ -4,7 +4,7 @@ Like _C's, every kernel writes into the arrays it is handed and allocates no
 array the size of an activation (per-channel sums of a few doubles are the only
 temporaries). Reductions are deterministic: one block per channel, a fixed
 stride per thread and a fixed tree, in float64. Max-pool and average-pool
-gradients gather (each input pixel sums the windows that read it) instead of
+gradients (adaptive ones too) gather (each input pixel sums the windows that read it) instead of
 scattering with atomics, so they are deterministic too.
 """
 from __future__ import annotations
@@ -151,6 +151,76 @@ extern "C" __global__ void avgpool_bwd(const T* gy, T* gx, long long planes, int
 }
 """
 
+_ADAPTIVE = r"""
+// PyTorch's adaptive windows: output i of `out` reads [floor(i*in/out), ceil((i+1)*in/out)); the same
+// formula with in and out swapped gives the outputs whose windows hold input pixel i.
+__device__ int lo_of(int i, int in, int out) { return (int)((long long)i * in / out); }
+__device__ int hi_of(int i, int in, int out) { return (int)(((long long)i * in + in + out - 1) / out); }
+
+// The first maximum of window (oh, ow) in row-major order (a later element wins only if strictly greater,
+// or NaN), starting at -inf on the window's first pixel as PyTorch does.
+__device__ int adaptive_argmax(const T* x, int H, int W, int OH, int OW, int oh, int ow) {
+    const int h0 = lo_of(oh, H, OH), w0 = lo_of(ow, W, OW);
+    int best = h0 * W + w0;
+    T bv = (T)(-__longlong_as_double(0x7ff0000000000000LL));
+    for (int ih = h0; ih < hi_of(oh, H, OH); ++ih)
+        for (int iw = w0; iw < hi_of(ow, W, OW); ++iw) {
+            const T v = x[ih * W + iw];
+            if (v > bv || isnan(v)) { best = ih * W + iw; bv = v; }
+        }
+    return best;
+}
+
+__device__ double window_size(int H, int W, int OH, int OW, int oh, int ow) {
+    return (double)(hi_of(oh, H, OH) - lo_of(oh, H, OH)) * (hi_of(ow, W, OW) - lo_of(ow, W, OW));
+}
+
+extern "C" __global__ void adaptive_max_fwd(const T* x, T* y, long long planes, int H, int W, int OH, int OW) {
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (t >= planes * OH * OW) return;
+    const T* p = x + t / (OH * OW) * H * W;
+    y[t] = p[adaptive_argmax(p, H, W, OH, OW, (t / OW) % OH, t % OW)];
+}
+
+// Gather: each input pixel adds gy of every window that holds it and chose it.
+extern "C" __global__ void adaptive_max_bwd(const T* x, const T* gy, T* gx, long long planes, int H, int W,
+                                            int OH, int OW) {
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (t >= planes * H * W) return;
+    const long long p = t / (H * W);
+    const int ih = (t / W) % H, iw = t % W;
+    double acc = 0.0;
+    for (int oh = lo_of(ih, OH, H); oh < hi_of(ih, OH, H); ++oh)
+        for (int ow = lo_of(iw, OW, W); ow < hi_of(iw, OW, W); ++ow)
+            if (adaptive_argmax(x + p * H * W, H, W, OH, OW, oh, ow) == ih * W + iw)
+                acc += (double)gy[(p * OH + oh) * OW + ow];
+    gx[t] = (T)acc;
+}
+
+extern "C" __global__ void adaptive_avg_fwd(const T* x, T* y, long long planes, int H, int W, int OH, int OW) {
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (t >= planes * OH * OW) return;
+    const T* p = x + t / (OH * OW) * H * W;
+    const int oh = (t / OW) % OH, ow = t % OW;
+    double s = 0.0;
+    for (int ih = lo_of(oh, H, OH); ih < hi_of(oh, H, OH); ++ih)
+        for (int iw = lo_of(ow, W, OW); iw < hi_of(ow, W, OW); ++iw) s += (double)p[ih * W + iw];
+    y[t] = (T)(s / window_size(H, W, OH, OW, oh, ow));
+}
+
+extern "C" __global__ void adaptive_avg_bwd(const T* gy, T* gx, long long planes, int H, int W, int OH, int OW) {
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (t >= planes * H * W) return;
+    const long long p = t / (H * W);
+    const int ih = (t / W) % H, iw = t % W;
+    double acc = 0.0;
+    for (int oh = lo_of(ih, OH, H); oh < hi_of(ih, OH, H); ++oh)
+        for (int ow = lo_of(iw, OW, W); ow < hi_of(iw, OW, W); ++ow)
+            acc += (double)gy[(p * OH + oh) * OW + ow] / window_size(H, W, OH, OW, oh, ow);
+    gx[t] = (T)acc;
+}
+"""
+
 _relu_forward = cp.ElementwiseKernel("T x", "T y", "y = x < (T)0 ? (T)0 : x", "minidnn_relu_forward")
 _relu_backward = cp.ElementwiseKernel("T y, T gy", "T gx", "gx = y > (T)0 ? gy : (T)0", "minidnn_relu_backward")
 _bn_apply = cp.ElementwiseKernel(
@@ -274,9 +344,9 @@ class CudaKernels:
     def _win(kh, kw, sh, sw, ph, pw, dh=1, dw=1):
         return tuple(np.int32(v) for v in (kh, kw, sh, sw, ph, pw, dh, dw))
 
-    def _launch(self, name, total, args, dtype):
+    def _launch(self, name, total, args, dtype, source=_POOL):
         if total:
-            self._fn(_POOL, dtype, name)(((total + _THREADS - 1) // _THREADS,), (_THREADS,), args)
+            self._fn(source, dtype, name)(((total + _THREADS - 1) // _THREADS,), (_THREADS,), args)
 
     def maxpool2d_forward(self, x, y, kh, kw, sh, sw, ph, pw, dh, dw):
         self._check(x, y)
@@ -307,6 +377,25 @@ class CudaKernels:
         self._launch("avgpool_bwd", gx.size, (gy, gx, np.int64(n * c), np.int32(h), np.int32(w), np.int32(oh),
                                               np.int32(ow), *self._win(kh, kw, sh, sw, ph, pw),
                                               np.bool_(count_include_pad)), gx.dtype)
+
+    def _adaptive(self, name, x_like, y_like, arrays, total):
+        self._check(*arrays)
+        n, c, h, w = x_like.shape
+        oh, ow = y_like.shape[2:]
+        self._launch(name, total, (*arrays, np.int64(n * c), np.int32(h), np.int32(w), np.int32(oh),
+                                   np.int32(ow)), arrays[0].dtype, _ADAPTIVE)
+
+    def adaptive_avgpool2d_forward(self, x, y):
+        self._adaptive("adaptive_avg_fwd", x, y, (x, y), y.size)
+
+    def adaptive_avgpool2d_backward(self, gy, gx):
+        self._adaptive("adaptive_avg_bwd", gx, gy, (gy, gx), gx.size)
+
+    def adaptive_maxpool2d_forward(self, x, y):
+        self._adaptive("adaptive_max_fwd", x, y, (x, y), y.size)
+
+    def adaptive_maxpool2d_backward(self, x, gy, gx):
+        self._adaptive("adaptive_max_bwd", x, gy, (x, gy, gx), gx.size)
 
     # -- GEMM with accumulation (Linear's gradient across sub-batches) -----
     def gemm_acc(self, x, gy, gw):
