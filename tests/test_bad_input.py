@@ -382,3 +382,45 @@ def test_torch_imported_first_is_named_with_the_fix(tmp_path):
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- empty batches, out-of-range hyperparameters, what the NaN message names ----------------------------
+
+def test_empty_batch_to_step_or_predict_is_a_shape_error(lenet_trainer):
+    before = snapshot(lenet_trainer.net)
+    empty = np.zeros((0,) + SHAPE[1:], np.float32)
+    with pytest.raises(minidnn.ShapeError, match="the batch is empty"):
+        lenet_trainer.step(empty, np.zeros(0, np.int64))
+    with pytest.raises(minidnn.ShapeError, match="the batch is empty"):
+        lenet_trainer.predict(empty)
+    assert_unchanged(lenet_trainer.net, before)
+    assert lenet_trainer.steps_done == 0
+
+
+@pytest.mark.parametrize("kwargs,name", [({"lr": float("nan")}, "lr"), ({"lr": float("inf")}, "lr"),
+                                         ({"lr": -0.1}, "lr"), ({"momentum": -1}, "momentum"),
+                                         ({"momentum": 2}, "momentum"), ({"weight_decay": -1e-4}, "weight_decay"),
+                                         ({"dampening": 1.5}, "dampening")])
+def test_sgd_refuses_hyperparameters_out_of_range_naming_them(kwargs, name):
+    with pytest.raises(minidnn.ConfigError, match=f"^{name} must be"):
+        optim.SGD(**{"lr": 0.1, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs,name", [({"lr": float("nan")}, "lr"), ({"betas": (0.9, 1.0)}, r"betas\[1\]"),
+                                         ({"eps": -1}, "eps"), ({"weight_decay": -1}, "weight_decay")])
+def test_adam_refuses_hyperparameters_out_of_range_naming_them(kwargs, name):
+    with pytest.raises(minidnn.ConfigError, match=f"^{name} must be"):
+        optim.Adam(**kwargs)
+    assert optim.SGD(lr=0.0, momentum=1.0, weight_decay=0.0).momentum == 1.0     # the closed ends are valid
+
+
+def test_nan_loss_names_the_training_step_and_the_op(lenet_trainer):
+    x, y = good_batch()
+    lenet_trainer.step(x, y)
+    lenet_trainer.step(x, y)
+    x[0, 0, 0, 0] = np.nan
+    with pytest.raises(minidnn.NumericalError) as e:
+        lenet_trainer.step(x, y)
+    msg = str(e.value)
+    assert "at training step 3, computed by " in msg and ":cross_entropy" in msg and "program step" in msg
+
