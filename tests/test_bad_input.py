@@ -424,3 +424,25 @@ def test_nan_loss_names_the_training_step_and_the_op(lenet_trainer):
     msg = str(e.value)
     assert "at training step 3, computed by " in msg and ":cross_entropy" in msg and "program step" in msg
 
+
+# -- the command line: one line, naming the option ------------------------------------------------------
+
+def cli_error(capsys, tmp_path, *argv):
+    from minidnn import cli
+    rc = cli.main(["train", "--no-progress", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("minidnn: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--lr", "nan"], "lr must be >= 0"), (["--momentum", "-1"], "momentum must be in [0.0, 1.0]"),
+    (["--momentum", "2"], "momentum must be in [0.0, 1.0], got 2.0"), (["--weight-decay", "-0.1"], "weight_decay must"),
+    (["--pad", "-1"], "--pad must be at least 0, got -1"), (["--image-size", "-5"], "--image-size must be at least 1, got -5"),
+    (["--data", "synthetic:0x32x32"], "shape 0x32x32"), (["--data", "synthetic:3x32x32:n=0"], "n=0"),
+    (["--data", "synthetic:3x32x32:classes=0"], "0 classes"),
+    (["--trace-dir", "T", "--trace-step", "999", "--data", "synthetic:1x28x28:n=16", "--epochs", "2",
+      "--batch-size", "8"], "--trace-step 999 lies past the last step of this run (4 steps: 2 epochs of 2 batches)"),
+])
+def test_train_options_out_of_range_are_one_line(capsys, tmp_path, argv, words):
+    assert words in cli_error(capsys, tmp_path, *argv)
