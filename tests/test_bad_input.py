@@ -438,7 +438,8 @@ def cli_error(capsys, tmp_path, *argv):
 @pytest.mark.parametrize("argv,words", [
     (["--lr", "nan"], "lr must be >= 0"), (["--momentum", "-1"], "momentum must be in [0.0, 1.0]"),
     (["--momentum", "2"], "momentum must be in [0.0, 1.0], got 2.0"), (["--weight-decay", "-0.1"], "weight_decay must"),
-    (["--pad", "-1"], "--pad must be at least 0, got -1"), (["--image-size", "-5"], "--image-size must be at least 1, got -5"),
+    (["--pad", "-1"], "--pad must be at least 0, got -1"),
+    (["--image-size", "-5"], "--image-size must be at least 1, got -5"),
     (["--data", "synthetic:0x32x32"], "shape 0x32x32"), (["--data", "synthetic:3x32x32:n=0"], "n=0"),
     (["--data", "synthetic:3x32x32:classes=0"], "0 classes"),
     (["--trace-dir", "T", "--trace-step", "999", "--data", "synthetic:1x28x28:n=16", "--epochs", "2",
