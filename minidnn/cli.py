@@ -122,6 +122,10 @@ def cmd_train(args):
     resume = read_checkpoint(args.resume, args.model) if args.resume else None
     given = _run_settings(args, resume)
     _check_train(args)
+    if resume is not None:    # hyperparameters given on the command line win over the checkpoint's
+        hyper = {k: getattr(args, k) for k in ("lr", "momentum", "weight_decay", "nesterov") if k in given}
+        hyper.update({"initial_lr": args.lr} if "lr" in given else {})
+        resume.meta["optimizer"].update({k: v for k, v in hyper.items() if k in resume.meta["optimizer"]})
     train_set = load(args.data, "train", size=args.image_size)
     test_set = load(args.data, "test", size=args.image_size)
     net = _build(args.model, train_set)

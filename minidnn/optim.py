@@ -69,7 +69,11 @@ class SGD(Optimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
-        self.state_names = ("momentum_buffer",) if momentum else ()
+
+    @property
+    def state_names(self):
+        # from the momentum itself, so a state_dict loaded over it cannot leave them disagreeing unseen
+        return ("momentum_buffer",) if self.momentum else ()
 
     def workspace(self, spec):
         return (2 if self.nesterov else 1) * spec.nbytes

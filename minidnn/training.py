@@ -140,12 +140,16 @@ def restore(source, trainer, schedule, model_name, reset_optimizer=False):
         if not reset_optimizer and tensors[key].shape != tuple(p.shape):
             raise CheckpointError(f"{path}: {key} has shape {tensors[key].shape}, the model's is {tuple(p.shape)}")
     load_weights(tensors, trainer.net, path)
+    names = trainer.optimizer.state_names
     try:
         trainer.optimizer.load_state_dict(meta["optimizer"])
         if schedule is not None and meta.get("schedule"):
             schedule.load_state_dict(meta["schedule"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: optimizer or schedule state does not fit ({type(e).__name__}: {e})") from None
+    if trainer.optimizer.state_names != names:     # e.g. SGD compiled without momentum, the checkpoint's with
+        raise CheckpointError(f"{path}: the checkpoint's {kind} keeps state {trainer.optimizer.state_names}, the "
+                              f"trainer's {names}: compile with the checkpoint's hyperparameters (e.g. its momentum)")
     for key, (p, n) in states.items():
         trainer.store.optimizer_state(p, n)[...] = 0 if reset_optimizer else tensors[key]
     trainer.rng = restore_rng(meta["rng"])

@@ -355,3 +355,22 @@ def test_a_batch_index_past_the_end_of_the_epoch_is_one_line(lenet_run, tmp_path
     rc, _, err = train(capsys, "train", "--resume", path, "--out", tmp_path)
     line = error_line(err)
     assert rc == 2 and str(path) in line and "batch 9" in line and "past the end" in line and "2 batches" in line
+
+
+def test_hyperparameters_given_on_resume_win_over_the_checkpoint(lenet_run, tmp_path, capsys):
+    rc, out, err = train(capsys, "train", "--resume", lenet_run, "--epochs", "2", "--lr", "0.5", "--out", tmp_path)
+    assert rc == 0, err
+    assert "lr 0.05 -> 0.5" in err
+    # cosine over 2 epochs from the given initial lr: epoch 2 runs at half of it
+    assert {s["lr"] for s in steps(tmp_path) if s["epoch"] == 2} == {0.25}
+
+
+def test_restore_into_an_optimizer_keeping_other_state_is_refused(lenet_run):
+    import minidnn
+    from minidnn import nn, optim
+    from minidnn.models import lenet5
+    from minidnn.training import restore
+    trainer = minidnn.compile(lenet5(num_classes=10), (8, 1, 28, 28), nn.CrossEntropyLoss(), optim.SGD(lr=0.1))
+    with pytest.raises(CheckpointError, match=r"keeps state \('momentum_buffer',\), the trainer's \(\)") as e:
+        restore(lenet_run, trainer, None, "lenet5")
+    assert_names(e, lenet_run)
