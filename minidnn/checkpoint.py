@@ -261,6 +261,6 @@ def restore_rng(state):
     bit_generator = bit_generator_type()
     try:
         bit_generator.state = _from_json(state)
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, OverflowError) as exc:
         raise CheckpointError(f"invalid {name} RNG state: {exc}") from exc
     return np.random.Generator(bit_generator)

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from .errors import MemoryBudgetError, MinidnnError
+from .errors import CheckpointError, MemoryBudgetError, MinidnnError
 
 STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
               "per step: epoch, batch, step, loss, lr) and metrics.jsonl (one line per epoch: loss, test "
@@ -95,7 +95,12 @@ def _run_settings(args, resume):
         saved.update({"model": resume.meta["model"], **resume.meta.get("config", {})})
     for k, default in RUN_DEFAULTS.items():
         if k not in given:
-            setattr(args, k, saved.get(k, default))
+            value = saved.get(k, default)
+            kinds = (int, float) if isinstance(default, float) else (int, type(None)) if k == "image_size" else \
+                type(default)
+            if not isinstance(value, kinds) or (isinstance(value, bool) and not isinstance(default, bool)):
+                raise CheckpointError(f"{resume.path}: its setting {k} is {value!r}, not a {type(default).__name__}")
+            setattr(args, k, value)
     return given
 
 

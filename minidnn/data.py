@@ -305,6 +305,8 @@ def load(spec="digits", split="train", size=None):
     ``size`` resizes images to ``size`` x ``size`` (bilinear); digits default to 28
     and ImageFolder to 32, other sets keep their native size when ``size`` is None.
     """
+    if spec is not None and not isinstance(spec, str):
+        raise DataError(f"a data set spec is a string such as 'digits' or 'cifar10:DIR', got {spec!r}")
     if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
         raise DataError(f"image size must be a positive number of pixels, got {size!r}")
     scheme, _, arg = (spec or "digits").partition(":")

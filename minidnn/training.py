@@ -82,7 +82,33 @@ class Checkpoint(NamedTuple):
     meta: dict
 
 
-_META_TYPES = {"model": str, "epoch": int, "batch": int, "steps_done": int, "rng": dict, "optimizer": dict}
+_REQUIRED = {"model": str, "epoch": int, "batch": int, "steps_done": int, "rng": dict, "optimizer": dict}
+_OPTIONAL = {"optimizer_type": str, "schedule": (dict, type(None)), "config": dict, "normalization": dict,
+             "epoch_losses": list}
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_meta(path, meta):
+    """CheckpointError naming the first field of ``meta`` a training checkpoint cannot have."""
+    for key, kind in _REQUIRED.items():
+        if key not in meta:
+            raise CheckpointError(f"{path}: not a minidnn training checkpoint (no {key!r} in its metadata)")
+    numbers = {"epoch_losses": lambda v: all(_is_number(x) for x in v),
+               "optimizer": lambda v: all(isinstance(x, (int, float)) for x in v.values()),
+               "schedule": lambda v: v is None or all(_is_number(x) for x in v.values()),
+               "normalization": lambda v: all(isinstance(v.get(k), list) and all(_is_number(x) for x in v[k])
+                                              for k in ("mean", "std")),
+               "config": lambda v: all(isinstance(x, (str, int, float, bool, type(None))) for x in v.values())}
+    for key, kind in {**_REQUIRED, **_OPTIONAL}.items():
+        if key not in meta:
+            continue
+        v = meta[key]
+        ok = isinstance(v, kind) and not (kind is int and (isinstance(v, bool) or v < 0))
+        if not ok or not numbers.get(key, lambda _: True)(v):
+            raise CheckpointError(f"{path}: not a minidnn training checkpoint ({key!r} is {repr(v)[:80]})")
 
 
 def read_checkpoint(path, model_name=None) -> Checkpoint:
@@ -92,13 +118,7 @@ def read_checkpoint(path, model_name=None) -> Checkpoint:
     """
     path = os.fspath(path)
     tensors, meta = load_checkpoint(path)
-    for key, kind in _META_TYPES.items():
-        if key not in meta:
-            raise CheckpointError(f"{path}: not a minidnn training checkpoint (no {key!r} in its metadata)")
-        if not isinstance(meta[key], kind) or isinstance(meta[key], bool) or (kind is int and meta[key] < 0):
-            raise CheckpointError(f"{path}: not a minidnn training checkpoint ({key!r} is {meta[key]!r})")
-    if not isinstance(meta.get("config", {}), dict):
-        raise CheckpointError(f"{path}: not a minidnn training checkpoint ('config' is {meta['config']!r})")
+    _check_meta(path, meta)
     if model_name is not None and meta["model"] != model_name:
         raise CheckpointError(f"{path}: checkpoint is for model {meta['model']!r}, not {model_name!r}")
     return Checkpoint(path, tensors, meta)
@@ -152,7 +172,10 @@ def restore(source, trainer, schedule, model_name, reset_optimizer=False):
                               f"trainer's {names}: compile with the checkpoint's hyperparameters (e.g. its momentum)")
     for key, (p, n) in states.items():
         trainer.store.optimizer_state(p, n)[...] = 0 if reset_optimizer else tensors[key]
-    trainer.rng = restore_rng(meta["rng"])
+    try:
+        trainer.rng = restore_rng(meta["rng"])
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     trainer.steps_done = meta["steps_done"]
     if reset_optimizer:
         trainer.optimizer.state_start = trainer.steps_done

@@ -131,6 +131,44 @@ def test_checkpoint_with_fields_removed(good_checkpoint, tmp_path, data):
     assert not read_back_checkpoint(path, tensors, meta)
 
 
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                    max_leaves=6)
+
+
+@pytest.fixture(scope="module")
+def training_checkpoint(tmp_path_factory):
+    from minidnn import cli
+    out = tmp_path_factory.mktemp("run")
+    assert cli.main(["train", "--model", "lenet5", "--data", "synthetic:1x28x28:n=8", "--batch-size", "4",
+                     "--epochs", "1", "--no-progress", "--out", str(out)]) == 0
+    return load_checkpoint(out / "checkpoint.safetensors")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_resume_from_a_checkpoint_with_a_field_changed_or_removed(training_checkpoint, tmp_path, capsys, data):
+    """Written whole (its checksums agree) but by another tool: resuming ends in one line, never a traceback."""
+    from minidnn import cli
+    tensors, meta = training_checkpoint
+    meta = json.loads(json.dumps(meta))
+    key = data.draw(st.sampled_from(sorted(meta)))
+    inner = meta[key] if isinstance(meta[key], dict) and meta[key] and data.draw(st.booleans()) else None
+    target, key = (inner, data.draw(st.sampled_from(sorted(inner)))) if inner else (meta, key)
+    if data.draw(st.booleans()):
+        target.pop(key)
+    else:
+        target[key] = data.draw(JSON)
+    path = tmp_path / "changed.safetensors"
+    save_checkpoint(path, tensors, meta)
+    capsys.readouterr()
+    rc = cli.main(["train", "--resume", str(path), "--no-progress", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc in (0, 2)
+    if rc == 2:
+        assert err[-1].startswith("minidnn: error: ") and not any("Traceback" in line for line in err)
+
+
 # ---------------------------------------------------------------- traces
 
 @pytest.fixture(scope="module")
