@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from .errors import CheckpointError, MemoryBudgetError, MinidnnError
+from .errors import CheckpointError, ConfigError, MemoryBudgetError, MinidnnError
 
 STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
               "per step: epoch, batch, step, loss, lr) and metrics.jsonl (one line per epoch: loss, test "
@@ -86,8 +86,21 @@ RUN_DEFAULTS = {"model": "lenet5", "data": "digits", "image_size": None, "batch_
                 "weight_decay": 5e-4, "schedule": "cosine", "augment": "crop", "pad": 2}
 
 
+def _fits(value, default):
+    """Whether a checkpoint's ``value`` is of the kind of the setting whose default is ``default``."""
+    if default is None:                                   # --image-size: a size, or none
+        return value is None or type(value) is int
+    if isinstance(default, float):
+        return type(value) in (int, float)
+    return type(value) is type(default)                   # str, int, bool: a bool is not a count
+
+
 def _run_settings(args, resume):
-    """Fill ``args``' unset run settings from the checkpoint's (older ones: its optimizer's), else the defaults."""
+    """Fill ``args``' unset run settings from the checkpoint's (older ones: its optimizer's), else the defaults.
+
+    The hyperparameters given on the command line then replace the checkpoint's optimizer state's (which
+    ``restore`` loads). Returns the names of the settings given.
+    """
     given = {k for k in RUN_DEFAULTS if getattr(args, k) is not None}
     saved = {}
     if resume is not None:
@@ -96,17 +109,18 @@ def _run_settings(args, resume):
     for k, default in RUN_DEFAULTS.items():
         if k not in given:
             value = saved.get(k, default)
-            kinds = (int, float) if isinstance(default, float) else (int, type(None)) if k == "image_size" else \
-                type(default)
-            if not isinstance(value, kinds) or (isinstance(value, bool) and not isinstance(default, bool)):
-                raise CheckpointError(f"{resume.path}: its setting {k} is {value!r}, not a {type(default).__name__}")
+            if not _fits(value, default):
+                raise CheckpointError(f"{resume.path}: its setting {k} is {value!r}, which does not fit --{k}")
             setattr(args, k, value)
+    if resume is not None:
+        hyper = {k: getattr(args, k) for k in ("lr", "momentum", "weight_decay", "nesterov") if k in given}
+        hyper.update({"initial_lr": args.lr} if "lr" in given else {})
+        resume.meta["optimizer"].update({k: v for k, v in hyper.items() if k in resume.meta["optimizer"]})
     return given
 
 
 def _check_train(args):
     """Refuse, in one line, settings that would fail later or be ignored (a NaN lr fails only at step 2)."""
-    from .errors import ConfigError
     for name, low in (("image_size", 1), ("pad", 0), ("trace_step", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
@@ -120,17 +134,12 @@ def cmd_train(args):
     """``minidnn train``: train, log, checkpoint every epoch and on Ctrl-C, resume exactly."""
     from . import MemoryConfig, compile, models, nn
     from .data import DataLoader, load
-    from .errors import ConfigError
     from .training import fit, read_checkpoint
     if args.model is not None:
         models.info(args.model)                      # an unknown name fails before any data is read
     resume = read_checkpoint(args.resume, args.model) if args.resume else None
     given = _run_settings(args, resume)
     _check_train(args)
-    if resume is not None:    # hyperparameters given on the command line win over the checkpoint's
-        hyper = {k: getattr(args, k) for k in ("lr", "momentum", "weight_decay", "nesterov") if k in given}
-        hyper.update({"initial_lr": args.lr} if "lr" in given else {})
-        resume.meta["optimizer"].update({k: v for k, v in hyper.items() if k in resume.meta["optimizer"]})
     train_set = load(args.data, "train", size=args.image_size)
     test_set = load(args.data, "test", size=args.image_size)
     net = _build(args.model, train_set)
