@@ -93,7 +93,7 @@ def _is_number(v):
 
 def _check_meta(path, meta):
     """CheckpointError naming the first field of ``meta`` a training checkpoint cannot have."""
-    for key, kind in _REQUIRED.items():
+    for key in _REQUIRED:
         if key not in meta:
             raise CheckpointError(f"{path}: not a minidnn training checkpoint (no {key!r} in its metadata)")
     numbers = {"epoch_losses": lambda v: all(_is_number(x) for x in v),
@@ -240,9 +240,10 @@ def fit(trainer, train_loader, test_loader, epochs, schedule=None, out_dir=None,
     ``metrics_path`` says otherwise, ``metrics.jsonl`` (one line per epoch).
     ``resume`` is a checkpoint path or a :class:`Checkpoint`; the
     consumed batches of its epoch are drawn again and skipped, so the loader's
-    shuffle and augmentation stay in step. ``run_info`` (a JSON-able dict) is
-    stored in every checkpoint; ``reset_optimizer`` is :func:`restore`'s. Ctrl-C saves a checkpoint at the batch reached
-    and re-raises KeyboardInterrupt. Returns the list of per-epoch metrics.
+    shuffle and augmentation stay in step; ``reset_optimizer`` is :func:`restore`'s.
+    ``run_info`` (a JSON-able dict) is stored in every checkpoint. Ctrl-C saves a
+    checkpoint at the batch reached and re-raises KeyboardInterrupt. Returns the
+    list of per-epoch metrics.
     """
     loop = _Loop(trainer, schedule, model_name, out_dir, metrics_path, run_info, progress, log, on_step)
     start_epoch, skip, carried = 0, 0, []
