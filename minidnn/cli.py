@@ -322,7 +322,7 @@ def parser():
     t = sub.add_parser("train", help="train a model (default: LeNet-5 on the bundled digits)", epilog=STEPS_HELP)
     t.add_argument("--model", default=None, help="a name from `minidnn models` (default: lenet5)")
     t.add_argument("--data", default=None, help="digits | mnist:DIR | fashion-mnist:DIR | cifar10:DIR | "
-                   "cifar100:DIR | imagefolder:DIR | synthetic:CxHxW[:classes=K][:n=N]")
+                   "cifar100:DIR | imagefolder:DIR | synthetic:CxHxW[:classes=K][:n=N] (default: digits)")
     t.add_argument("--epochs", type=int, default=None, help="default: 30")
     t.add_argument("--batch-size", type=int, default=None, help="default: 32")
     t.add_argument("--image-size", type=int, default=None, help="resize images to this size (bilinear)")
