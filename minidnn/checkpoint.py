@@ -1,11 +1,19 @@
 """Atomic safetensors checkpoints, PyTorch state_dict import and RNG state round trips.
 
 A checkpoint is one safetensors file; the caller's JSON-serialisable ``meta``
-dict lives in the safetensors header metadata under the key ``"minidnn"``.
-Every failure to read raises :class:`~minidnn.errors.CheckpointError` with a
-one-line message naming the file.
+dict lives in the safetensors header metadata under the key ``"minidnn"``, and
+a SHA-256 digest of that metadata and of every tensor (dtype, shape and bytes)
+under ``"minidnn.sha256"``: a flipped byte, a removed tensor or a removed field
+is found on load, naming the tensor. Every failure to read raises
+:class:`~minidnn.errors.CheckpointError` with a one-line message naming the file.
+
+Writes go to a temporary sibling renamed into place, so a write killed at any
+point leaves the previous checkpoint; the temporary files such a kill leaves
+behind are removed by the next save (one writer per checkpoint path).
 """
 
+import glob
+import hashlib
 import json
 import os
 import struct
@@ -20,6 +28,8 @@ from .backend import to_numpy
 from .errors import CheckpointError
 
 _META_KEY = "minidnn"
+_SUM_KEY = "minidnn.sha256"
+_META_DIGEST = "__metadata__"      # the digest of the meta JSON, beside the tensors' (no tensor has this name)
 
 # safetensors dtype names numpy understands natively; BF16 is widened by hand.
 _SAFETENSORS_DTYPES = {
@@ -32,6 +42,17 @@ _SAFETENSORS_DTYPES = {
 def _error(path, what, exc=None):
     message = f"{path}: {what}" + (f" ({type(exc).__name__}: {exc})" if exc is not None else "")
     return CheckpointError(" ".join(message.split()))  # one line, whatever the cause said
+
+
+def _digest(array):
+    """SHA-256 of a tensor's dtype, shape and bytes: a change to any of them changes it."""
+    h = hashlib.sha256(f"{array.dtype.str}{list(array.shape)}".encode())
+    h.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return h.hexdigest()
+
+
+def _text_digest(text):
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def save_checkpoint(path, tensors, meta):
@@ -53,8 +74,12 @@ def save_checkpoint(path, tensors, meta):
             raise _error(path, f"tensor name {name!r} is not a string")
         # safetensors rejects strided views; ascontiguousarray would turn 0-d into 1-d.
         arrays[name] = np.require(to_numpy(value), requirements="C")   # device arrays: host copies
+    if _META_DIGEST in arrays:
+        raise _error(path, f"tensor name {_META_DIGEST!r} is reserved")
+    digests = {name: _digest(a) for name, a in arrays.items()}
+    digests[_META_DIGEST] = _text_digest(meta_json)
     try:
-        payload = save(arrays, metadata={_META_KEY: meta_json})
+        payload = save(arrays, metadata={_META_KEY: meta_json, _SUM_KEY: json.dumps(digests)})
     except (SafetensorError, TypeError, ValueError) as exc:
         raise _error(path, "cannot serialise tensors", exc) from exc
     _write_atomic(path, payload)
@@ -62,7 +87,13 @@ def save_checkpoint(path, tensors, meta):
 
 def _write_atomic(path, payload):
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    prefix = f".{os.path.basename(path)}."
+    for stale in glob.glob(os.path.join(glob.escape(directory), glob.escape(prefix) + "*.tmp")):
+        try:                               # left by a write that was killed: never renamed into place
+            os.unlink(stale)
+        except OSError:
+            pass
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
@@ -107,11 +138,39 @@ def load_checkpoint(path):
         raise _error(path, "not a valid safetensors checkpoint (truncated or corrupt)", exc) from exc
     if _META_KEY not in header:
         raise _error(path, f"safetensors file has no '{_META_KEY}' metadata; not a minidnn checkpoint")
+    _verify(path, header, tensors)
     try:
         meta = json.loads(header[_META_KEY])
     except ValueError as exc:
         raise _error(path, "minidnn metadata is not valid JSON", exc) from exc
+    if not isinstance(meta, dict):
+        raise _error(path, f"minidnn metadata is a {type(meta).__name__}, not a dict")
     return tensors, meta
+
+
+def _verify(path, header, tensors):
+    """Compare the file's content with the digests it was written with; CheckpointError naming what differs."""
+    if _SUM_KEY not in header:
+        raise _error(path, f"no '{_SUM_KEY}' checksums in its metadata (removed, or written by an older "
+                           "minidnn): its content cannot be verified")
+    try:
+        digests = json.loads(header[_SUM_KEY])
+        if not (isinstance(digests, dict) and all(isinstance(v, str) for v in digests.values())):
+            raise ValueError("not a table of digests")
+    except ValueError as exc:
+        raise _error(path, "the checksum table is corrupt", exc) from exc
+    if digests.get(_META_DIGEST) != _text_digest(header[_META_KEY]):
+        raise _error(path, "the minidnn metadata does not match its checksum (corrupt)")
+    expected = set(digests) - {_META_DIGEST}
+    missing, unknown = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    if missing:
+        raise _error(path, f"tensor {missing[0]!r} is missing" + (f" (and {len(missing) - 1} more)" if
+                                                                 len(missing) > 1 else ""))
+    if unknown:
+        raise _error(path, f"tensor {unknown[0]!r} has no checksum (added after the file was written)")
+    for name in sorted(expected):
+        if _digest(tensors[name]) != digests[name]:
+            raise _error(path, f"tensor {name!r} does not match its checksum (corrupt data)")
 
 
 def load_state_dict_file(path):
@@ -202,6 +261,6 @@ def restore_rng(state):
     bit_generator = bit_generator_type()
     try:
         bit_generator.state = _from_json(state)
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, OverflowError) as exc:
         raise CheckpointError(f"invalid {name} RNG state: {exc}") from exc
     return np.random.Generator(bit_generator)

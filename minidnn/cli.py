@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from .errors import MemoryBudgetError, MinidnnError
+from .errors import CheckpointError, ConfigError, MemoryBudgetError, MinidnnError
 
 STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
               "per step: epoch, batch, step, loss, lr) and metrics.jsonl (one line per epoch: loss, test "
@@ -80,13 +80,66 @@ def _build(model, dataset):
         return build_model(model, num_classes=dataset.num_classes, in_channels=c, image_size=h)
 
 
+# The settings of a run: a resumed run takes those not given on the command line from its checkpoint.
+RUN_DEFAULTS = {"model": "lenet5", "data": "digits", "image_size": None, "batch_size": 32, "epochs": 30,
+                "seed": 0, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": False,
+                "weight_decay": 5e-4, "schedule": "cosine", "augment": "crop", "pad": 2}
+
+
+def _fits(value, default):
+    """Whether a checkpoint's ``value`` is of the kind of the setting whose default is ``default``."""
+    if default is None:                                   # --image-size: a size, or none
+        return value is None or type(value) is int
+    if isinstance(default, float):
+        return type(value) in (int, float)
+    return type(value) is type(default)                   # str, int, bool: a bool is not a count
+
+
+def _run_settings(args, resume):
+    """Fill ``args``' unset run settings from the checkpoint's (older ones: its optimizer's), else the defaults.
+
+    The hyperparameters given on the command line then replace the checkpoint's optimizer state's (which
+    ``restore`` loads). Returns the names of the settings given.
+    """
+    given = {k for k in RUN_DEFAULTS if getattr(args, k) is not None}
+    saved = {}
+    if resume is not None:
+        saved = {k: v for k, v in resume.meta["optimizer"].items() if k in ("momentum", "weight_decay", "nesterov")}
+        saved.update({"model": resume.meta["model"], **resume.meta.get("config", {})})
+    for k, default in RUN_DEFAULTS.items():
+        if k not in given:
+            value = saved.get(k, default)
+            if not _fits(value, default):
+                raise CheckpointError(f"{resume.path}: its setting {k} is {value!r}, which does not fit --{k}")
+            setattr(args, k, value)
+    if resume is not None:
+        hyper = {k: getattr(args, k) for k in ("lr", "momentum", "weight_decay", "nesterov") if k in given}
+        hyper.update({"initial_lr": args.lr} if "lr" in given else {})
+        resume.meta["optimizer"].update({k: v for k, v in hyper.items() if k in resume.meta["optimizer"]})
+    return given
+
+
+def _check_train(args):
+    """Refuse, in one line, settings that would fail later or be ignored (a NaN lr fails only at step 2)."""
+    for name, low in (("image_size", 1), ("pad", 0), ("trace_step", 1)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    if args.reset_optimizer and not args.resume:
+        raise ConfigError("--reset-optimizer applies to --resume only")
+    _optimizer(args)                          # its ranges (lr, momentum, weight decay), before any data is read
+
+
 def cmd_train(args):
     """``minidnn train``: train, log, checkpoint every epoch and on Ctrl-C, resume exactly."""
     from . import MemoryConfig, compile, models, nn
     from .data import DataLoader, load
     from .training import fit, read_checkpoint
-    models.info(args.model)                          # an unknown name fails before any data is read
+    if args.model is not None:
+        models.info(args.model)                      # an unknown name fails before any data is read
     resume = read_checkpoint(args.resume, args.model) if args.resume else None
+    given = _run_settings(args, resume)
+    _check_train(args)
     train_set = load(args.data, "train", size=args.image_size)
     test_set = load(args.data, "test", size=args.image_size)
     net = _build(args.model, train_set)
@@ -97,6 +150,13 @@ def cmd_train(args):
                               mean=mean, std=std, augment=False if args.augment == "none" else args.augment,
                               pad=args.pad)
     test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
+    if args.trace_dir:
+        start = (resume.meta["epoch"] * len(train_loader) + resume.meta["batch"]) if resume is not None else 0
+        steps = args.epochs * len(train_loader) - start
+        if args.trace_step > steps:
+            raise ConfigError(f"--trace-step {args.trace_step} lies past the last step of this run ({steps} steps: "
+                              f"{args.epochs} epochs of {len(train_loader)} batches"
+                              + (f", {start} done by the checkpoint)" if start else ")"))
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
                       device=args.device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn,
                                                           sub_batching=SUB_BATCHING[args.sub_batching]),
@@ -105,13 +165,11 @@ def cmd_train(args):
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
     print(trainer.plan.summary(top=0))
-    config = {"data": args.data, "image_size": train_set.shape[1], "batch_size": args.batch_size,
-              "seed": args.seed, "epochs": args.epochs, "optimizer": args.optimizer, "lr": args.lr,
-              "schedule": args.schedule, "augment": args.augment}
+    config = {k: getattr(args, k) for k in RUN_DEFAULTS if k != "model"}
+    config["image_size"] = train_set.shape[1]
     if resume is not None:
         old = resume.meta.get("config", {})
-        changed = [k for k in ("data", "image_size", "batch_size", "seed", "augment") if k in old
-                   and old[k] != config[k]]
+        changed = [k for k in sorted(given) if k in old and old[k] != config.get(k)]
         if changed:
             print(f"warning: {', '.join(f'{k} {old[k]!r} -> {config[k]!r}' for k in changed)} since the "
                   "checkpoint; the resumed run will not repeat the original", file=sys.stderr)
@@ -129,7 +187,8 @@ def cmd_train(args):
     try:
         hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=args.out,
                    model_name=args.model, resume=resume, progress=not args.no_progress,
-                   metrics_path=args.metrics, run_info=run_info, on_step=on_step)
+                   metrics_path=args.metrics, run_info=run_info, on_step=on_step,
+                   reset_optimizer=args.reset_optimizer)
     except KeyboardInterrupt:
         ckpt = os.path.join(args.out, "checkpoint.safetensors")
         hint = f"; continue with --resume {ckpt}" if os.path.isfile(ckpt) else ""
@@ -283,21 +342,22 @@ def parser():
                                        "for the traceback.")
     sub = p.add_subparsers(dest="command")
     t = sub.add_parser("train", help="train a model (default: LeNet-5 on the bundled digits)", epilog=STEPS_HELP)
-    t.add_argument("--model", default="lenet5", help="a name from `minidnn models`")
-    t.add_argument("--data", default="digits", help="digits | mnist:DIR | fashion-mnist:DIR | cifar10:DIR | "
-                   "cifar100:DIR | imagefolder:DIR | synthetic:CxHxW[:classes=K][:n=N]")
-    t.add_argument("--epochs", type=int, default=30)
-    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--model", default=None, help="a name from `minidnn models` (default: lenet5)")
+    t.add_argument("--data", default=None, help="digits | mnist:DIR | fashion-mnist:DIR | cifar10:DIR | "
+                   "cifar100:DIR | imagefolder:DIR | synthetic:CxHxW[:classes=K][:n=N] (default: digits)")
+    t.add_argument("--epochs", type=int, default=None, help="default: 30")
+    t.add_argument("--batch-size", type=int, default=None, help="default: 32")
     t.add_argument("--image-size", type=int, default=None, help="resize images to this size (bilinear)")
-    t.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
-    t.add_argument("--lr", type=float, default=0.05)
-    t.add_argument("--momentum", type=float, default=0.9)
-    t.add_argument("--nesterov", action="store_true")
-    t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--schedule", choices=["none", "step", "cosine"], default="cosine", help="learning-rate schedule")
-    t.add_argument("--augment", choices=["none", "crop", "crop+flip"], default="crop",
-                   help="random crop after zero padding (and horizontal flip: the CIFAR recipe)")
-    t.add_argument("--pad", type=int, default=2, help="zero padding before the random crop")
+    t.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default=None, help="default: sgd")
+    t.add_argument("--lr", type=float, default=None, help="initial learning rate (default: 0.05)")
+    t.add_argument("--momentum", type=float, default=None, help="SGD momentum in [0, 1] (default: 0.9)")
+    t.add_argument("--nesterov", action="store_true", default=None)
+    t.add_argument("--weight-decay", type=float, default=None, help="L2 weight decay >= 0 (default: 5e-4)")
+    t.add_argument("--schedule", choices=["none", "step", "cosine"], default=None,
+                   help="learning-rate schedule (default: cosine)")
+    t.add_argument("--augment", choices=["none", "crop", "crop+flip"], default=None,
+                   help="random crop after zero padding (and horizontal flip: the CIFAR recipe; default: crop)")
+    t.add_argument("--pad", type=int, default=None, help="zero padding before the random crop (default: 2)")
     t.add_argument("--budget", default=None, help="memory budget: bytes, '512MiB', or a fraction like 0.6")
     t.add_argument("--bn", choices=["sub-batch", "exact"], default="sub-batch",
                    help="when the budget splits a batch into sub-batches, BatchNorm uses each sub-batch's "
@@ -310,13 +370,19 @@ def parser():
     t.add_argument("--out", default="runs/latest", help="folder for the checkpoint and logs (see below)")
     t.add_argument("--metrics", default=None, help="per-epoch metrics JSONL file (default OUT/metrics.jsonl)")
     t.add_argument("--resume", default=None, metavar="CHECKPOINT",
-                   help="continue exactly where this checkpoint stopped (same data, batch size and seed)")
-    t.add_argument("--seed", type=int, default=0, help="seeds initialisation, shuffling, augmentation, dropout")
+                   help="continue exactly where this checkpoint stopped: the model, data, batch size, seed, "
+                        "epochs, optimizer and schedule not given on the command line are the checkpoint's")
+    t.add_argument("--reset-optimizer", action="store_true",
+                   help="with --resume: accept a checkpoint without (complete) optimizer state and restart "
+                        "the optimizer's state (momentum, Adam's moments) from zero")
+    t.add_argument("--seed", type=int, default=None,
+                   help="seeds initialisation, shuffling, augmentation, dropout (default: 0)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--trace-dir", default=None, metavar="DIR",
                    help="write the memory timeline of one training step (--trace-step) to DIR: trace.json "
                         "(Perfetto), memory.png, memory_snapshot.pickle (pytorch.org/memory_viz), memory.csv")
-    t.add_argument("--trace-step", type=int, default=3, help="which training step --trace-dir records")
+    t.add_argument("--trace-step", type=int, default=3,
+                   help="which training step of this run --trace-dir records (default: 3)")
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="test accuracy of a checkpoint")

@@ -10,6 +10,7 @@ import os
 import pickle
 import queue
 import threading
+import zlib
 
 import numpy as np
 
@@ -112,7 +113,7 @@ def _read_bytes(path):
                 return fh.read()
         with open(path, "rb") as fh:
             return fh.read()
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; a damaged stream, zlib.error
         raise DataError(f"{path}: cannot read ({exc})".replace("\n", " ")) from exc
 
 
@@ -254,9 +255,11 @@ def load_image_folder(root, size, split=None):
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
     images, labels = [], []
     for label, cls in enumerate(classes):
-        for fname in sorted(os.listdir(os.path.join(root, cls))):
-            if not fname.lower().endswith(_IMAGE_EXTENSIONS):
-                continue
+        names = [f for f in sorted(os.listdir(os.path.join(root, cls))) if f.lower().endswith(_IMAGE_EXTENSIONS)]
+        if not names:
+            # A class without images would still be a label: the network would learn one class too many.
+            raise DataError(f"{os.path.join(root, cls)}: class folder has no .png/.jpg/.jpeg images")
+        for fname in names:
             path = os.path.join(root, cls, fname)
             try:
                 with Image.open(path) as img:
@@ -272,6 +275,9 @@ def load_image_folder(root, size, split=None):
 
 def synthetic(shape=(3, 32, 32), num_classes=10, n=512, seed=0):
     """Standard-normal images with uniform random labels, deterministic by ``seed``."""
+    if len(shape) != 3 or min(shape) < 1 or num_classes < 1 or n < 1:
+        raise DataError(f"synthetic data needs a CxHxW shape of positive sizes, at least one class and one "
+                        f"image; got shape {'x'.join(map(str, shape))}, {num_classes} classes, n={n}")
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((n, *shape), dtype=np.float32)
     labels = rng.integers(0, num_classes, size=n)
@@ -299,6 +305,10 @@ def load(spec="digits", split="train", size=None):
     ``size`` resizes images to ``size`` x ``size`` (bilinear); digits default to 28
     and ImageFolder to 32, other sets keep their native size when ``size`` is None.
     """
+    if spec is not None and not isinstance(spec, str):
+        raise DataError(f"a data set spec is a string such as 'digits' or 'cifar10:DIR', got {spec!r}")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
+        raise DataError(f"image size must be a positive number of pixels, got {size!r}")
     scheme, _, arg = (spec or "digits").partition(":")
     scheme = scheme.lower()
     if scheme not in _SCHEMES:
@@ -343,6 +353,8 @@ class DataLoader:
             raise DataError(f"augment must be False, 'crop' or 'crop+flip' (True), got {augment!r}")
         self.shuffle, self.drop_last = shuffle, drop_last
         self.augment = "crop+flip" if augment is True else augment
+        if pad < 0:
+            raise DataError(f"pad (zero padding before the random crop) must be >= 0, got {pad}")
         self.pad = int(pad)
         self.seed, self.epoch, self.prefetch = int(seed), 0, int(prefetch)
         self._mean = self._std = None

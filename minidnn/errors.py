@@ -35,3 +35,7 @@ class CheckpointError(MinidnnError, ValueError):
 
 class NumericalError(MinidnnError, FloatingPointError):
     """A non-finite value appeared (e.g. NaN loss); the message names the step."""
+
+
+class ConfigError(MinidnnError, ValueError):
+    """An argument is outside its range (a NaN learning rate, a momentum of 2, ...); the message names it."""

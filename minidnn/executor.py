@@ -221,8 +221,8 @@ class Executor:
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)
                 if step.node.op.is_loss and not bool(ctx.xp.isfinite(outs[0]).all()):
-                    raise NumericalError(f"the loss is {float(outs[0])} at step {i} ({step.label}); "
-                                         f"parameters were not updated")
+                    raise NumericalError(f"the loss is {float(outs[0])} at training step {t}, computed by "
+                                         f"{step.label} (program step {i}); parameters were not updated")
             elif kind == "backward":
                 step.node.op.backward(ctx, ins, outs, gouts, gins, ws)
             elif kind == "recompute":

@@ -11,15 +11,31 @@ import math
 
 import numpy as np
 
+from .errors import ConfigError
+
+
+def check_range(name, value, low, high=math.inf, high_open=False):
+    """``value`` itself if it is a number in [low, high] (or [low, high)); ConfigError naming ``name`` if not."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if not (low <= v <= high) or (high_open and v == high) or math.isinf(v):
+        upper = "" if math.isinf(high) else f", {high}{')' if high_open else ']'}"
+        what = f"in [{low}{upper}" if upper else f">= {low} and finite"
+        raise ConfigError(f"{name} must be {what}, got {value}")
+    return value
+
 
 class Optimizer:
     state_names: tuple = ()
 
     def __init__(self, lr):
-        if lr < 0:
-            raise ValueError(f"learning rate must be >= 0, got {lr}")
-        self.lr = lr
+        self.lr = check_range("lr", lr, 0.0)
         self.initial_lr = lr
+        # The training step after which the per-parameter state began (0, or where a resume reset it):
+        # update() counts t from there, so a fresh state gets a first step's initialisation and bias correction.
+        self.state_start = 0
 
     def workspace(self, spec) -> int:
         """Scratch bytes one update of a parameter of ``spec`` needs."""
@@ -47,15 +63,23 @@ class SGD(Optimizer):
 
     def __init__(self, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
         super().__init__(lr)
+        check_range("momentum", momentum, 0.0, 1.0)
+        check_range("dampening", dampening, 0.0, 1.0)
+        check_range("weight_decay", weight_decay, 0.0)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
-        self.state_names = ("momentum_buffer",) if momentum else ()
+
+    @property
+    def state_names(self):
+        # from the momentum itself, so a state_dict loaded over it cannot leave them disagreeing unseen
+        return ("momentum_buffer",) if self.momentum else ()
 
     def workspace(self, spec):
         return (2 if self.nesterov else 1) * spec.nbytes
 
     def update(self, p, g, states, ws, t, k=None):
+        t -= self.state_start
         fused = getattr(k, "sgd_update", None)
         if fused is not None:      # the whole rule in one pass over memory, in the same order of operations
             fused(p, g, states[0] if self.momentum else None, self.lr, self.momentum, self.dampening,
@@ -97,6 +121,10 @@ class Adam(Optimizer):
 
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
         super().__init__(lr)
+        for i, beta in enumerate(betas):
+            check_range(f"betas[{i}]", beta, 0.0, 1.0, high_open=True)
+        check_range("eps", eps, 0.0)
+        check_range("weight_decay", weight_decay, 0.0)
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.decoupled = eps, weight_decay, decoupled
 
@@ -104,6 +132,7 @@ class Adam(Optimizer):
         return 2 * spec.nbytes
 
     def update(self, p, g, states, ws, t, k=None):
+        t -= self.state_start
         m, v = states
         dt = p.dtype.type
         n = p.nbytes

@@ -8,26 +8,29 @@ peak. Times are seconds from the start of the iteration, on the backend's clock.
 
 One file serves both readers: ``Trace.save`` writes a Chrome Trace Event JSON
 (Perfetto, chrome://tracing) whose last keys hold minidnn's own lossless copy
-(``"format": "minidnn-trace"``, ``"version"``, ``"minidnn"``), which
-``load`` reads back. Other exports: a PyTorch memory snapshot (the pickle
-pytorch.org/memory_viz opens) and a CSV of the memory curve. ``summary``,
-``diff``, ``plot``, ``problems`` and ``from_plan`` (in :mod:`minidnn.trace_plot`,
-reachable from here) read, check and predict traces.
+(``"format": "minidnn-trace"``, ``"version"``, ``"minidnn"`` and, from version 2,
+``"sha256"``, the digest of that copy), which ``load`` reads back and verifies.
+Other exports: a PyTorch memory snapshot (the pickle pytorch.org/memory_viz
+opens) and a CSV of the memory curve. ``summary``, ``diff``, ``plot``,
+``problems`` and ``from_plan`` (in :mod:`minidnn.trace_plot`, reachable from
+here) read, check and predict traces.
 """
 from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import heapq
 import json
 import pickle
 import time as _time
+import zlib
 from dataclasses import astuple, dataclass, field, fields
 
 from .errors import MinidnnError
 from .schedule import ACT, ACT_GRAD, INPUT, PERSISTENT, WORKSPACE
 
-FORMAT, VERSION = "minidnn-trace", 1
+FORMAT, VERSION = "minidnn-trace", 2      # version 2 adds the "sha256" of the "minidnn" copy
 STREAMS = ("compute", "copy")
 KINDS = ("load", "forward", "backward", "recompute", "accumulate", "update", "offload", "prefetch", "stall")
 HOST_COPY = "host_copy"                       # category of a copy held in the host store
@@ -137,7 +140,8 @@ class Trace:
         """Write the trace: Chrome Trace Event JSON (gzip if ``path`` ends in .gz) that ``load`` reads back."""
         doc = to_chrome(self)
         # Perfetto stops reading at the first top-level key it does not know: ours come last.
-        doc.update({"format": FORMAT, "version": VERSION, "minidnn": self.to_dict()})
+        own = self.to_dict()
+        doc.update({"format": FORMAT, "version": VERSION, "minidnn": own, "sha256": _digest(own)})
         opener = gzip.open if str(path).endswith(".gz") else open
         with opener(path, "wt", encoding="utf-8") as f:
             json.dump(doc, f, separators=(",", ":"))
@@ -158,7 +162,7 @@ def load(path) -> Trace:
     try:
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:     # a damaged deflate stream is a zlib.error
         raise TraceError(f"{path}: truncated or corrupt gzip trace ({e})") from None
     if raw[:1] == b"\x80" and raw[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         raise TraceError(f"{path}: not a minidnn trace but a pickle (a memory snapshot? open it in "
@@ -184,7 +188,16 @@ def load(path) -> Trace:
         memory_curve(trace)                 # every free matches an allocation: the readers can rely on it
     except TraceError as e:
         raise TraceError(f"{path}: inconsistent minidnn trace: {str(e).removeprefix('trace: ')}") from None
+    if doc["version"] >= 2 and doc.get("sha256") != _digest(doc["minidnn"]):    # after the checks that say more
+        what = "has no 'sha256' checksum" if "sha256" not in doc else "does not match its checksum"
+        raise TraceError(f"{path}: corrupt minidnn trace: its content {what}")
     return trace
+
+
+def _digest(own) -> str:
+    """SHA-256 of the lossless copy in one canonical JSON form (floats print as they read back)."""
+    text = json.dumps(own, separators=(",", ":"), sort_keys=True, allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class Recorder:

@@ -125,6 +125,8 @@ def stats(trace) -> dict:
         "recompute_seconds": by_kind["recompute"], "recomputes": sum(s.kind == "recompute" for s in trace.spans),
         "seconds_by_kind": dict(by_kind), "host_peak_bytes": max(r[4] for r in rows), "host_bytes": trace.host_bytes,
         "plan_steps_compared": len([s for s in measured if s in planned]), "plan_gaps": gaps,
+        "unfreed": live_at(trace, len(trace.mem_events) - 1),
+        "steps_without_spans": sorted(set(planned) - {s.step for s in trace.spans}),
     }
 
 
@@ -134,6 +136,27 @@ def _ms(t) -> str:
 
 def _pct(v) -> str:
     return f"{v * 100:.1f}%"
+
+
+def _agreement(trace, st) -> str:
+    """Plan against the peak the file's own events reach (not the figure the file states)."""
+    events, incomplete = st["peak_bytes"], _gaps_in_the_file(trace, st)
+    if events != trace.plan_peak:
+        return f"the events' peak {fb(events)} differs by {events - trace.plan_peak:+d} B"
+    return "the events' peak = plan, but the trace is incomplete" if incomplete else "measured = plan"
+
+
+def _gaps_in_the_file(trace, st) -> list:
+    """What shows that events are missing: a stated peak they do not reach, buffers never freed, steps with no span."""
+    out = []
+    if st["peak_bytes"] != trace.measured_peak:
+        out.append(f"the file states a measured peak of {trace.measured_peak} B; its events reach {st['peak_bytes']} B")
+    if st["unfreed"]:
+        out.append(f"{len(st['unfreed'])} buffers are allocated and never freed (e.g. {st['unfreed'][0].tensor})")
+    missing = st["steps_without_spans"]
+    if missing:
+        out.append(f"{len(missing)} of {len(trace.planned)} program steps have no span (e.g. step {missing[0]})")
+    return out
 
 
 def summary(trace, top=10) -> str:
@@ -146,9 +169,8 @@ def summary(trace, top=10) -> str:
     sp = st["peak_span"]
     where = f", during step {sp.step} {sp.name} ({sp.kind})" if sp else ""
     lines.append(f"peak        {fb(st['peak_bytes']):>12}  ({st['peak_bytes']} B) at {_ms(st['peak_time'])}{where}")
-    same = "measured = plan" if trace.measured_peak == trace.plan_peak else \
-        f"measured {fb(trace.measured_peak)} differs by {trace.measured_peak - trace.plan_peak:+d} B"
-    lines.append(f"plan peak   {fb(trace.plan_peak):>12}  ({trace.plan_peak} B): {same}")
+    lines.append(f"plan peak   {fb(trace.plan_peak):>12}  ({trace.plan_peak} B): {_agreement(trace, st)}")
+    lines += [f"INCOMPLETE  {what}" for what in _gaps_in_the_file(trace, st)]
     if trace.budget is not None:
         verdict = "CROSSED" if st["budget_crossed"] else f"{st['peak_bytes'] / trace.budget * 100:.1f}% used"
         lines.append(f"budget      {fb(trace.budget):>12}  ({trace.budget} B): {verdict}")
@@ -175,7 +197,8 @@ def summary(trace, top=10) -> str:
     if not trace.planned:
         lines.append("plan vs measured: no planned curve in this trace")
     elif not gaps:
-        lines.append(f"plan vs measured: live bytes agree at all {st['plan_steps_compared']} steps")
+        lines.append(f"plan vs measured: live bytes agree at all {st['plan_steps_compared']} steps with memory "
+                     f"events (of {len(trace.planned)} planned)")
     else:
         s = max(gaps, key=lambda s: abs(gaps[s]))
         lines.append(f"plan vs measured: live bytes differ at {len(gaps)} of {st['plan_steps_compared']} steps, "

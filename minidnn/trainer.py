@@ -154,6 +154,8 @@ class Trainer:
                              f" got {x.shape}")
         if x.dtype.kind not in "fiu":
             raise ShapeError(f"step: expected a numeric input, got dtype {x.dtype}")
+        if x.shape[0] == 0:
+            raise ShapeError(f"step: the batch is empty (input of shape {x.shape}); give at least one sample")
         return x
 
     def _check_labels(self, plan, y):

@@ -82,6 +82,35 @@ class Checkpoint(NamedTuple):
     meta: dict
 
 
+_REQUIRED = {"model": str, "epoch": int, "batch": int, "steps_done": int, "rng": dict, "optimizer": dict}
+_OPTIONAL = {"optimizer_type": str, "schedule": (dict, type(None)), "config": dict, "normalization": dict,
+             "epoch_losses": list}
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_meta(path, meta):
+    """CheckpointError naming the first field of ``meta`` a training checkpoint cannot have."""
+    for key in _REQUIRED:
+        if key not in meta:
+            raise CheckpointError(f"{path}: not a minidnn training checkpoint (no {key!r} in its metadata)")
+    numbers = {"epoch_losses": lambda v: all(_is_number(x) for x in v),
+               "optimizer": lambda v: all(isinstance(x, (int, float)) for x in v.values()),
+               "schedule": lambda v: v is None or all(_is_number(x) for x in v.values()),
+               "normalization": lambda v: all(isinstance(v.get(k), list) and all(_is_number(x) for x in v[k])
+                                              for k in ("mean", "std")),
+               "config": lambda v: all(isinstance(x, (str, int, float, bool, type(None))) for x in v.values())}
+    for key, kind in {**_REQUIRED, **_OPTIONAL}.items():
+        if key not in meta:
+            continue
+        v = meta[key]
+        ok = isinstance(v, kind) and not (kind is int and (isinstance(v, bool) or v < 0))
+        if not ok or not numbers.get(key, lambda _: True)(v):
+            raise CheckpointError(f"{path}: not a minidnn training checkpoint ({key!r} is {repr(v)[:80]})")
+
+
 def read_checkpoint(path, model_name=None) -> Checkpoint:
     """Read a training checkpoint; CheckpointError if it is not one, or is for another model than ``model_name``.
 
@@ -89,9 +118,7 @@ def read_checkpoint(path, model_name=None) -> Checkpoint:
     """
     path = os.fspath(path)
     tensors, meta = load_checkpoint(path)
-    for key in ("model", "epoch", "batch", "steps_done", "rng", "optimizer"):
-        if key not in meta:
-            raise CheckpointError(f"{path}: not a minidnn training checkpoint (no {key!r} in its metadata)")
+    _check_meta(path, meta)
     if model_name is not None and meta["model"] != model_name:
         raise CheckpointError(f"{path}: checkpoint is for model {meta['model']!r}, not {model_name!r}")
     return Checkpoint(path, tensors, meta)
@@ -106,9 +133,13 @@ def load_weights(tensors, net, path="checkpoint"):
         raise CheckpointError(f"{path}: does not fit the model: {' '.join(str(e).split())}") from None
 
 
-def restore(source, trainer, schedule, model_name):
+def restore(source, trainer, schedule, model_name, reset_optimizer=False):
     """Load a checkpoint (a path or a :class:`Checkpoint`) into ``trainer``.
 
+    Every optimizer state tensor the trainer keeps must be in the checkpoint
+    (else momentum would silently restart): CheckpointError names the missing
+    ones, unless ``reset_optimizer`` asks to start the optimizer's state afresh
+    (zeros, and the step count its bias corrections use restarts too).
     Returns its metadata (epoch, batch, steps_done, ...).
     """
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, model_name)
@@ -118,17 +149,36 @@ def restore(source, trainer, schedule, model_name):
     kind = type(trainer.optimizer).__name__
     if meta.get("optimizer_type", kind) != kind:
         raise CheckpointError(f"{path}: checkpoint was trained with {meta['optimizer_type']}, not {kind}")
+    states = {f"optim.{pname}.{n}": (p, n) for pname, p in trainer.net.named_parameters() if p.grad is not None
+              for n in trainer.optimizer.state_names}
+    missing = [key for key in states if key not in tensors]
+    if missing and not reset_optimizer:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CheckpointError(f"{path}: incomplete optimizer state: {missing[0]}{more} missing; resume with "
+                              "--reset-optimizer (reset_optimizer=True) to restart the optimizer's state on purpose")
+    for key, (p, n) in states.items():
+        if not reset_optimizer and tensors[key].shape != tuple(p.shape):
+            raise CheckpointError(f"{path}: {key} has shape {tensors[key].shape}, the model's is {tuple(p.shape)}")
     load_weights(tensors, trainer.net, path)
-    for pname, p in trainer.net.named_parameters():
-        for n in trainer.optimizer.state_names:
-            key = f"optim.{pname}.{n}"
-            if key in tensors and p.grad is not None:
-                trainer.store.optimizer_state(p, n)[...] = tensors[key]
-    trainer.optimizer.load_state_dict(meta["optimizer"])
-    if schedule is not None and meta.get("schedule"):
-        schedule.load_state_dict(meta["schedule"])
-    trainer.rng = restore_rng(meta["rng"])
+    names = trainer.optimizer.state_names
+    try:
+        trainer.optimizer.load_state_dict(meta["optimizer"])
+        if schedule is not None and meta.get("schedule"):
+            schedule.load_state_dict(meta["schedule"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: optimizer or schedule state does not fit ({type(e).__name__}: {e})") from None
+    if trainer.optimizer.state_names != names:     # e.g. SGD compiled without momentum, the checkpoint's with
+        raise CheckpointError(f"{path}: the checkpoint's {kind} keeps state {trainer.optimizer.state_names}, the "
+                              f"trainer's {names}: compile with the checkpoint's hyperparameters (e.g. its momentum)")
+    for key, (p, n) in states.items():
+        trainer.store.optimizer_state(p, n)[...] = 0 if reset_optimizer else tensors[key]
+    try:
+        trainer.rng = restore_rng(meta["rng"])
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     trainer.steps_done = meta["steps_done"]
+    if reset_optimizer:
+        trainer.optimizer.state_start = trainer.steps_done
     return meta
 
 
@@ -181,7 +231,8 @@ def _truncate_jsonl(path, key, limit):
 
 
 def fit(trainer, train_loader, test_loader, epochs, schedule=None, out_dir=None, model_name="model",
-        resume=None, progress=True, log=print, on_step=None, metrics_path=None, run_info=None):
+        resume=None, progress=True, log=print, on_step=None, metrics_path=None, run_info=None,
+        reset_optimizer=False):
     """Train for ``epochs``; each epoch ends with a test accuracy, a metrics line and a checkpoint.
 
     With ``out_dir``: ``checkpoint.safetensors`` (every epoch and on Ctrl-C),
@@ -189,15 +240,21 @@ def fit(trainer, train_loader, test_loader, epochs, schedule=None, out_dir=None,
     ``metrics_path`` says otherwise, ``metrics.jsonl`` (one line per epoch).
     ``resume`` is a checkpoint path or a :class:`Checkpoint`; the
     consumed batches of its epoch are drawn again and skipped, so the loader's
-    shuffle and augmentation stay in step. ``run_info`` (a JSON-able dict) is
-    stored in every checkpoint. Ctrl-C saves a checkpoint at the batch reached
-    and re-raises KeyboardInterrupt. Returns the list of per-epoch metrics.
+    shuffle and augmentation stay in step; ``reset_optimizer`` is :func:`restore`'s.
+    ``run_info`` (a JSON-able dict) is stored in every checkpoint. Ctrl-C saves a
+    checkpoint at the batch reached and re-raises KeyboardInterrupt. Returns the
+    list of per-epoch metrics.
     """
     loop = _Loop(trainer, schedule, model_name, out_dir, metrics_path, run_info, progress, log, on_step)
     start_epoch, skip, carried = 0, 0, []
     if resume is not None:
-        meta = restore(resume, trainer, schedule, model_name)
+        meta = restore(resume, trainer, schedule, model_name, reset_optimizer)
         start_epoch, skip, carried = meta["epoch"], meta["batch"], list(meta.get("epoch_losses", []))
+        if skip > len(train_loader):
+            where = resume.path if isinstance(resume, Checkpoint) else os.fspath(resume)
+            raise CheckpointError(f"{where}: stopped at batch {skip} of epoch {start_epoch + 1}, past the end of "
+                                  f"an epoch of {len(train_loader)} batches: the data set or batch size differ "
+                                  "from the run that wrote it")
         _truncate_jsonl(loop.steps_path, "step", trainer.steps_done)
         _truncate_jsonl(loop.metrics_path, "epoch", start_epoch)
         log(f"resumed: epoch {start_epoch + 1}, batch {skip} (step {trainer.steps_done})")
@@ -214,7 +271,7 @@ def fit(trainer, train_loader, test_loader, epochs, schedule=None, out_dir=None,
             m = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None, "test_accuracy": acc,
                  "seconds": round(time.perf_counter() - t0, 3), "lr": lr, "peak_bytes": peak}
             history.append(m)
-            log(f"epoch {epoch + 1:>3}/{epochs}  loss {m['loss']:.4f}  "
+            log(f"epoch {epoch + 1:>3}/{epochs}  " + (f"loss {m['loss']:.4f}  " if losses else "")
                 + (f"test acc {acc * 100:.2f}%  " if acc is not None else "") + f"({m['seconds']:.1f} s)")
             loop.end_epoch(m)
     return history

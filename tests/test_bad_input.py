@@ -382,3 +382,68 @@ def test_torch_imported_first_is_named_with_the_fix(tmp_path):
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- empty batches, out-of-range hyperparameters, what the NaN message names ----------------------------
+
+def test_empty_batch_to_step_or_predict_is_a_shape_error(lenet_trainer):
+    before = snapshot(lenet_trainer.net)
+    empty = np.zeros((0,) + SHAPE[1:], np.float32)
+    with pytest.raises(minidnn.ShapeError, match="the batch is empty"):
+        lenet_trainer.step(empty, np.zeros(0, np.int64))
+    with pytest.raises(minidnn.ShapeError, match="the batch is empty"):
+        lenet_trainer.predict(empty)
+    assert_unchanged(lenet_trainer.net, before)
+    assert lenet_trainer.steps_done == 0
+
+
+@pytest.mark.parametrize("kwargs,name", [({"lr": float("nan")}, "lr"), ({"lr": float("inf")}, "lr"),
+                                         ({"lr": -0.1}, "lr"), ({"momentum": -1}, "momentum"),
+                                         ({"momentum": 2}, "momentum"), ({"weight_decay": -1e-4}, "weight_decay"),
+                                         ({"dampening": 1.5}, "dampening")])
+def test_sgd_refuses_hyperparameters_out_of_range_naming_them(kwargs, name):
+    with pytest.raises(minidnn.ConfigError, match=f"^{name} must be"):
+        optim.SGD(**{"lr": 0.1, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs,name", [({"lr": float("nan")}, "lr"), ({"betas": (0.9, 1.0)}, r"betas\[1\]"),
+                                         ({"eps": -1}, "eps"), ({"weight_decay": -1}, "weight_decay")])
+def test_adam_refuses_hyperparameters_out_of_range_naming_them(kwargs, name):
+    with pytest.raises(minidnn.ConfigError, match=f"^{name} must be"):
+        optim.Adam(**kwargs)
+    assert optim.SGD(lr=0.0, momentum=1.0, weight_decay=0.0).momentum == 1.0     # the closed ends are valid
+
+
+def test_nan_loss_names_the_training_step_and_the_op(lenet_trainer):
+    x, y = good_batch()
+    lenet_trainer.step(x, y)
+    lenet_trainer.step(x, y)
+    x[0, 0, 0, 0] = np.nan
+    with pytest.raises(minidnn.NumericalError) as e:
+        lenet_trainer.step(x, y)
+    msg = str(e.value)
+    assert "at training step 3, computed by " in msg and ":cross_entropy" in msg and "program step" in msg
+
+
+# -- the command line: one line, naming the option ------------------------------------------------------
+
+def cli_error(capsys, tmp_path, *argv):
+    from minidnn import cli
+    rc = cli.main(["train", "--no-progress", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("minidnn: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--lr", "nan"], "lr must be >= 0"), (["--momentum", "-1"], "momentum must be in [0.0, 1.0]"),
+    (["--momentum", "2"], "momentum must be in [0.0, 1.0], got 2.0"), (["--weight-decay", "-0.1"], "weight_decay must"),
+    (["--pad", "-1"], "--pad must be at least 0, got -1"),
+    (["--image-size", "-5"], "--image-size must be at least 1, got -5"),
+    (["--data", "synthetic:0x32x32"], "shape 0x32x32"), (["--data", "synthetic:3x32x32:n=0"], "n=0"),
+    (["--data", "synthetic:3x32x32:classes=0"], "0 classes"),
+    (["--trace-dir", "T", "--trace-step", "999", "--data", "synthetic:1x28x28:n=16", "--epochs", "2",
+      "--batch-size", "8"], "--trace-step 999 lies past the last step of this run (4 steps: 2 epochs of 2 batches)"),
+])
+def test_train_options_out_of_range_are_one_line(capsys, tmp_path, argv, words):
+    assert words in cli_error(capsys, tmp_path, *argv)

@@ -111,6 +111,60 @@ def test_safetensors_without_minidnn_metadata(tmp_path):
     assert_names(excinfo, path)
 
 
+def test_flipped_data_byte_is_refused_naming_the_tensor(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    tensors = sample_tensors()
+    save_checkpoint(path, tensors, {"step": 1})
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    begin, _ = json.loads(raw[8:8 + n])["conv.bias"]["data_offsets"]
+    raw[8 + n + begin] ^= 0x01                   # the lowest bit of a float64's mantissa: a valid number still
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="tensor 'conv.bias' does not match its checksum") as excinfo:
+        load_checkpoint(path)
+    assert_names(excinfo, path)
+
+
+def test_changed_metadata_and_removed_tensors_or_checksums_are_refused(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, {"a": np.arange(3.0), "b": np.ones(2)}, {"epoch": 3})
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+
+    def rewritten(edit):
+        h = json.loads(json.dumps(header))
+        edit(h)
+        text = json.dumps(h).encode()
+        text += b" " * (-len(text) % 8)
+        path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+        with pytest.raises(CheckpointError) as excinfo:
+            load_checkpoint(path)
+        assert_names(excinfo, path)
+        return str(excinfo.value)
+
+    assert "metadata does not match its checksum" in \
+        rewritten(lambda h: h["__metadata__"].update(minidnn='{"epoch": 4}'))
+    assert "no 'minidnn.sha256' checksums" in rewritten(lambda h: h["__metadata__"].pop("minidnn.sha256"))
+    save_file({"a": np.arange(3.0)}, str(path), metadata=header["__metadata__"])      # b dropped, as a tool would
+    with pytest.raises(CheckpointError, match="tensor 'b' is missing") as excinfo:
+        load_checkpoint(path)
+    assert_names(excinfo, path)
+
+
+def test_stale_temporary_files_are_removed_by_the_next_save(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, {"w": np.arange(4.0)}, {"step": 1})
+    stale = [tmp_path / ".ckpt.safetensors.k1ll3d.tmp", tmp_path / ".ckpt.safetensors.x.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a checkpoint")      # what a write killed before its rename leaves
+    other = tmp_path / ".other.safetensors.y.tmp"
+    other.write_bytes(b"another checkpoint's")
+    save_checkpoint(path, {"w": np.arange(5.0)}, {"step": 2})
+    assert sorted(os.listdir(tmp_path)) == sorted([".other.safetensors.y.tmp", "ckpt.safetensors"])
+    assert load_checkpoint(path)[1] == {"step": 2}
+
+
 # ---------------------------------------------------------------- state_dict import
 
 def torch_like_state_dict():
@@ -202,3 +256,121 @@ def test_restore_rng_rejects_unknown():
         restore_rng({"bit_generator": "Generator"})
     with pytest.raises(CheckpointError):
         restore_rng({"bit_generator": "PCG64", "state": "nonsense"})
+
+
+# ---------------------------------------------------------------- training checkpoints: resume
+
+RESNET = ["--model", "resnet20", "--data", "synthetic:3x8x8:classes=4:n=16", "--batch-size", "8", "--no-progress"]
+LENET = ["--model", "lenet5", "--data", "synthetic:1x28x28:classes=10:n=16", "--batch-size", "8", "--epochs", "1",
+         "--no-progress"]
+
+
+def train(capsys, *argv):
+    from minidnn import cli
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def error_line(err):
+    """The error: the last line of stderr, after any warning."""
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("minidnn: error: ") and all("error" not in x for x in lines[:-1]), err
+    return lines[-1]
+
+
+def steps(folder):
+    with open(folder / "steps.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_resume_takes_the_model_and_data_settings_from_the_checkpoint(tmp_path, capsys):
+    """The README's `minidnn train --resume runs/latest/checkpoint.safetensors`, for a ResNet-20 run."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert train(capsys, "train", *RESNET, "--epochs", "2", "--out", full)[0] == 0
+    assert train(capsys, "train", *RESNET, "--epochs", "1", "--out", part)[0] == 0
+    ckpt = part / "checkpoint.safetensors"
+    rc, out, err = train(capsys, "train", "--resume", ckpt, "--out", part)      # nothing given but the file
+    assert rc == 0, err
+    assert "resnet20" in out and "nothing to do: the checkpoint has finished epoch 1 of --epochs 1" in out
+    assert "warning" not in err
+    rc, out, err = train(capsys, "train", "--resume", ckpt, "--epochs", "2", "--out", part, "--no-progress")
+    assert rc == 0, err
+    assert "warning: epochs 1 -> 2" in err                   # the only setting given, and the only one changed
+    assert steps(part) == steps(full)                        # the data, batch size, seed, optimizer: the run's
+
+
+@pytest.fixture(scope="module")
+def lenet_run(tmp_path_factory):
+    from minidnn import cli
+    out = tmp_path_factory.mktemp("lenet")
+    assert cli.main(["train", *LENET, "--out", str(out)]) == 0
+    return out / "checkpoint.safetensors"
+
+
+def test_resume_without_optimizer_state_is_refused_unless_reset_on_purpose(lenet_run, tmp_path, capsys):
+    tensors, meta = load_checkpoint(lenet_run)
+    assert any(k.startswith("optim.") for k in tensors)
+    bare = tmp_path / "bare.safetensors"
+    save_checkpoint(bare, {k: v for k, v in tensors.items() if not k.startswith("optim.")}, meta)
+    rc, _, err = train(capsys, "train", "--resume", bare, "--epochs", "2", "--out", tmp_path / "a")
+    line = error_line(err)
+    assert rc == 2 and str(bare) in line and "incomplete optimizer state: optim." in line
+    assert "momentum_buffer" in line and "--reset-optimizer" in line
+    rc, out, err = train(capsys, "train", "--resume", bare, "--epochs", "2", "--reset-optimizer",
+                         "--out", tmp_path / "b")
+    assert rc == 0, err
+    assert "epoch   2/2" in out
+
+
+def test_reset_optimizer_restarts_the_state_as_a_fresh_optimizer(lenet_run):
+    """Adam after a reset: zero moments, and the bias correction of a first step (not of step 3)."""
+    import minidnn
+    from minidnn import nn, optim
+    from minidnn.models import lenet5
+    from minidnn.training import read_checkpoint, restore
+
+    def trainer():
+        net = lenet5(num_classes=10)
+        return minidnn.compile(net, (8, 1, 28, 28), nn.CrossEntropyLoss(), optim.Adam(lr=0.01)), net
+
+    ckpt = read_checkpoint(lenet_run)
+    ckpt.meta.update(optimizer_type="Adam", optimizer=optim.Adam(lr=0.01).state_dict())
+    reset, net_r = trainer()
+    restore(ckpt, reset, None, "lenet5", reset_optimizer=True)
+    fresh, net_f = trainer()
+    net_f.load_state_dict({k[len("model."):]: v for k, v in ckpt.tensors.items() if k.startswith("model.")})
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 8)
+    assert reset.steps_done == ckpt.meta["steps_done"] > 0
+    assert reset.step(x, y) == fresh.step(x, y)
+    for (k, a), b in zip(net_r.state_dict().items(), net_f.state_dict().values()):
+        np.testing.assert_array_equal(a, b, err_msg=k)
+
+
+def test_a_batch_index_past_the_end_of_the_epoch_is_one_line(lenet_run, tmp_path, capsys):
+    tensors, meta = load_checkpoint(lenet_run)
+    path = tmp_path / "late.safetensors"
+    save_checkpoint(path, tensors, {**meta, "epoch": 0, "batch": 9})
+    rc, _, err = train(capsys, "train", "--resume", path, "--out", tmp_path)
+    line = error_line(err)
+    assert rc == 2 and str(path) in line and "batch 9" in line and "past the end" in line and "2 batches" in line
+
+
+def test_hyperparameters_given_on_resume_win_over_the_checkpoint(lenet_run, tmp_path, capsys):
+    rc, out, err = train(capsys, "train", "--resume", lenet_run, "--epochs", "2", "--lr", "0.5", "--out", tmp_path)
+    assert rc == 0, err
+    assert "lr 0.05 -> 0.5" in err
+    # cosine over 2 epochs from the given initial lr: epoch 2 runs at half of it
+    assert {s["lr"] for s in steps(tmp_path) if s["epoch"] == 2} == {0.25}
+
+
+def test_restore_into_an_optimizer_keeping_other_state_is_refused(lenet_run):
+    import minidnn
+    from minidnn import nn, optim
+    from minidnn.models import lenet5
+    from minidnn.training import restore
+    trainer = minidnn.compile(lenet5(num_classes=10), (8, 1, 28, 28), nn.CrossEntropyLoss(), optim.SGD(lr=0.1))
+    with pytest.raises(CheckpointError, match=r"keeps state \('momentum_buffer',\), the trainer's \(\)") as e:
+        restore(lenet_run, trainer, None, "lenet5")
+    assert_names(e, lenet_run)

@@ -414,3 +414,33 @@ def test_loader_state_dict_resume():
     b = DataLoader(ds, 3, seed=0)
     b.load_state_dict(state)
     assert_same_batches(collect(a), collect(b))
+
+
+# ---------------------------------------------------------------- values out of range
+
+@pytest.mark.parametrize("spec,words", [("synthetic:0x32x32", "shape 0x32x32"), ("synthetic:3x32x0", "shape 3x32x0"),
+                                        ("synthetic:3x32x32:n=0", "n=0"), ("synthetic:3x8x8:classes=0", "0 classes")])
+def test_synthetic_sizes_must_be_positive(spec, words):
+    with pytest.raises(DataError, match="synthetic data needs") as excinfo:
+        load(spec)
+    assert words in str(excinfo.value)
+
+
+@pytest.mark.parametrize("size", [0, -5])
+def test_image_size_must_be_positive(size):
+    with pytest.raises(DataError, match=f"image size must be a positive number of pixels, got {size}"):
+        load("synthetic:1x8x8:n=4", size=size)
+
+
+def test_negative_pad_is_refused():
+    with pytest.raises(DataError, match="pad .* must be >= 0, got -1"):
+        DataLoader(small_dataset(), 2, augment="crop", pad=-1)
+
+
+def test_image_folder_with_an_empty_class_folder_is_refused(tmp_path):
+    write_folder(tmp_path)
+    (tmp_path / "bee").mkdir()                       # sorts first: it would be class 0, with no image
+    (tmp_path / "bee" / "readme.txt").write_text("no images here")
+    with pytest.raises(DataError, match="class folder has no .png/.jpg/.jpeg images") as excinfo:
+        load_image_folder(tmp_path, 8)
+    assert_names(excinfo, tmp_path / "bee")

@@ -309,7 +309,7 @@ def test_truncated_and_foreign_files_raise_a_clear_error(tmp_path):
         "foreign.json": (json.dumps({"hello": 1}), "not a minidnn trace"),
         "chrome.json": (json.dumps(T.to_chrome(fake_trace())), "Chrome trace"),
         "list.json": (json.dumps([{"ph": "X"}]), "Chrome trace"),
-        "newer.json": (text.replace('"version":1', '"version":99'), "version 99"),
+        "newer.json": (text.replace(f'"version":{T.VERSION}', '"version":99'), "version 99"),
         "nospans.json": (text.replace('"spans":[[', '"spanz":[['), "'spans'"),
         "badrow.json": (text.replace('"mem_events":[[', '"mem_events":[[1,'), "'mem_events'"),
         "badtype.json": (text.replace('"mem_events":[[0.0,"alloc","input","input",1024',

@@ -40,3 +40,43 @@ def test_a_truncated_trace_is_refused_naming_the_file(tmp_path, capsys):
     foreign.write_text(json.dumps({"hello": 1}))
     assert cli.main(["trace", "plot", str(foreign)]) == 2
     assert os.path.basename(str(foreign)) in capsys.readouterr().err
+
+
+def summary_of(trace, tmp_path, capsys):
+    path = tmp_path / "t.json"
+    trace.save(path)
+    capsys.readouterr()
+    assert cli.main(["trace", "summary", str(path)]) == 0
+    return capsys.readouterr().out
+
+
+def test_summary_computes_the_agreement_from_the_events_in_the_file(tmp_path, capsys):
+    from dataclasses import replace
+
+    from test_trace import fake_trace
+    whole = fake_trace()
+    assert "measured = plan" in summary_of(whole, tmp_path, capsys) and "INCOMPLETE" not in summary_of(
+        whole, tmp_path, capsys)
+    half = replace(whole, mem_events=whole.mem_events[:len(whole.mem_events) // 2])   # the stated peaks kept
+    out = summary_of(half, tmp_path, capsys)
+    assert "measured = plan" not in out and "but the trace is incomplete" in out
+    assert "INCOMPLETE  3 buffers are allocated and never freed (e.g. input)" in out
+    peak = [e for e in whole.mem_events if e.tensor == "conv1:conv2d" and e.offset == 4096]     # the prefetch
+    lower = replace(whole, mem_events=[e for e in whole.mem_events if e not in peak])
+    out = summary_of(lower, tmp_path, capsys)
+    assert "the events' peak 16.00 KiB differs by -2048 B" in out
+    assert "the file states a measured peak of 18432 B; its events reach 16384 B" in out
+    no_spans = replace(whole, spans=[s for s in whole.spans if s.step != 2])
+    assert "1 of 8 program steps have no span (e.g. step 2)" in summary_of(no_spans, tmp_path, capsys)
+
+
+def test_a_trace_edited_after_it_was_written_is_refused(tmp_path, capsys):
+    from test_trace import fake_trace
+    path = tmp_path / "t.json"
+    fake_trace().save(path)
+    doc = json.loads(path.read_text())
+    doc["minidnn"]["mem_events"] = doc["minidnn"]["mem_events"][:8]
+    path.write_text(json.dumps(doc))
+    assert cli.main(["trace", "summary", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "does not match its checksum" in err and err.count("\n") == 1
