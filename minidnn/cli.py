@@ -216,7 +216,7 @@ def cmd_plan(args):
     models.info(args.model)
     try:
         plan, shape = make_plan(args.model, args.batch_size, args.image_size, _budget(args.budget), args.policy,
-                                args.profile)
+                                args.profile, SUB_BATCHING[args.sub_batching], args.bn)
     except MemoryBudgetError as e:
         if args.json:   # machines get the minimum too; the one-line error still goes to stderr
             print(json.dumps({"model": args.model, "error": str(e), "minimum_bytes": e.minimum_bytes}))
@@ -321,6 +321,9 @@ def parser():
     pl.add_argument("--profile", choices=sorted(PROFILES), default="titanx-12gb",
                     help="device profile for the cost model")
     pl.add_argument("--policy", choices=["auto", "swap", "recompute", "none"], default="auto")
+    pl.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
+                    help="plan the split `minidnn train` would make (as its --sub-batching)")
+    pl.add_argument("--bn", choices=["sub-batch", "exact"], default="sub-batch", help="as `minidnn train --bn`")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(fn=cmd_plan)
 
