@@ -277,9 +277,9 @@ def parser():
                    help="random crop after zero padding (and horizontal flip: the CIFAR recipe)")
     t.add_argument("--pad", type=int, default=2, help="zero padding before the random crop")
     t.add_argument("--budget", default=None, help="memory budget: bytes, '512MiB', or a fraction like 0.6")
-    t.add_argument("--bn", choices=["sub-batch", "exact"], default="sub-batch",
-                   help="when the budget splits a batch into sub-batches, BatchNorm uses each sub-batch's "
-                        "statistics (sub-batch) or the full batch's, as unsplit (exact)")
+    t.add_argument("--bn", choices=["exact", "sub-batch"], default="exact",
+                   help="when the budget splits a batch into sub-batches, BatchNorm uses the full batch's "
+                        "statistics, as unsplit (exact), or each sub-batch's, as moDNN does (sub-batch)")
     t.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
                    help="split a batch into sub-batches whose gradients add up: only when it cannot fit "
                         "(needed), also when that is predicted faster than evicting and keeps the step's "
@@ -323,7 +323,7 @@ def parser():
     pl.add_argument("--policy", choices=["auto", "swap", "recompute", "none"], default="auto")
     pl.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
                     help="plan the split `minidnn train` would make (as its --sub-batching)")
-    pl.add_argument("--bn", choices=["sub-batch", "exact"], default="sub-batch", help="as `minidnn train --bn`")
+    pl.add_argument("--bn", choices=["exact", "sub-batch"], default="exact", help="as `minidnn train --bn`")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(fn=cmd_plan)
 

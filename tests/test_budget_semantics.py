@@ -4,6 +4,9 @@
   does not fit is run in chunks (eval-mode BatchNorm normalizes each sample
   alone, so chunks change nothing but a kernel's summation order).
 - ``minidnn plan`` plans the split ``minidnn train`` makes, and reports its minimum.
+- Offload, prefetch and recomputation change no bit: with
+  ``algorithms="default"`` a step planned under 60% or 40% of its liveness
+  peak trains bitwise like the unlimited one (poison on).
 - Every plan kind has one interface, and the trainer runs each through it.
 """
 import json
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 import minidnn as mdn
+from harness import host
 from minidnn import models, nn, optim
 from minidnn.cli import main
 from minidnn.memory import MemoryConfig
@@ -68,6 +72,39 @@ def test_eval_too_small_even_in_chunks_of_one_names_the_minimum():
     with pytest.raises(mdn.MemoryBudgetError, match="even in chunks of 1 sample") as e:
         trainer.predict(batch()[0])
     assert e.value.minimum_bytes > trainer.persistent_bytes + 1
+
+
+def train_resnet56(budget):
+    """ResNet-56 (deep enough that a step fits whole in 40% of its liveness peak), 3 steps, algorithms="default"."""
+    shape = (8, 3, 32, 32)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0])
+    trainer = mdn.compile(models.get("resnet56").init_parameters(0), shape, nn.CrossEntropyLoss(),
+                          optim.SGD(lr=0.01, momentum=0.9),
+                          memory=MemoryConfig(budget=budget, algorithms="default", sub_batching=False, poison=True,
+                                              check=True))
+    losses = [trainer.step(x, y) for _ in range(3)]
+    return trainer, losses, {k: host(v).copy() for k, v in trainer.net.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def unlimited_resnet56():
+    return train_resnet56(None)
+
+
+@pytest.mark.parametrize("frac", [0.6, 0.4])
+def test_default_algorithms_train_bitwise_like_unlimited_memory_under_a_budget(frac, unlimited_resnet56):
+    """The README's claim as written: with algorithms="default" the planner evicts (offloads and
+    recomputes) to meet 60% or 40% of the liveness peak, and parameters, running statistics and
+    losses after 3 steps are those of unlimited memory, bit for bit, with every freed byte poisoned."""
+    ref, ref_losses, want = unlimited_resnet56
+    trainer, losses, got = train_resnet56(frac)
+    plan = trainer.plan
+    assert plan.k == 1 and not plan.algorithm_changes and plan.evictions
+    assert plan.peak_bytes <= int(frac * ref.plan.liveness_peak_bytes)
+    assert losses == ref_losses
+    for k in want:
+        assert np.array_equal(got[k], want[k]), k
 
 
 def cli_json(capsys, *argv):
