@@ -10,6 +10,7 @@
 - Every plan kind has one interface, and the trainer runs each through it.
 """
 import json
+import re
 
 import numpy as np
 import pytest
@@ -157,3 +158,16 @@ def test_every_plan_kind_has_one_interface():
         assert np.isfinite(trainer.step(x, y))
     assert [p.k > 1 for p in plans] == [False, True, True, True]
     assert [p.batch_norm_updates for p in plans[:3]] == [1, 1, per_sub.plan.k]
+
+
+def test_train_at_the_advertised_minimum_finishes_the_epoch(capsys, tmp_path):
+    """``minidnn train`` names the smallest budget it accepts; at that budget the epoch trains in
+    sub-batches, evaluates in chunks, and writes its checkpoint (evaluation used to fail there)."""
+    args = ["train", "--model", "resnet20", "--data", "synthetic:3x32x32:n=16", "--batch-size", "16", "--epochs", "1",
+            "--no-progress", "--out", str(tmp_path)]
+    assert main(args + ["--budget", "1"]) == 2
+    least = int(re.search(r"minimum feasible [^(]*\((\d+) B\)", capsys.readouterr().err).group(1))
+    assert main(args + ["--budget", str(least)]) == 0
+    out = capsys.readouterr().out
+    assert "sub-batches of 1" in out and "final test accuracy" in out
+    assert (tmp_path / "checkpoint.safetensors").is_file()

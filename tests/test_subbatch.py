@@ -169,10 +169,11 @@ def test_batch_norm_per_sub_batch_does_differ(resnet18_runs):
 
 def test_the_default_split_keeps_batch_norm_exact_in_float32():
     """A split keeps the step's meaning by default: full-batch BatchNorm statistics, and counters that
-    count steps (3 after 3 steps). float32 meets 1e-5 too: the split forms each gradient in the unsplit kernel's order (the input
-    gradient from gy in one expression, gamma's and beta's from full-batch float64 sums). The worst
-    entries are BatchNorm biases, whose gradient sum(gy) cancels: here the unsplit float32 run itself
-    is ~1.5e-6 from the float64 one, and the split ~1.7e-6 from the unsplit float32 run."""
+    count steps (3 after 3 steps). float32 meets 1e-5 too: the split forms each gradient in the
+    unsplit kernel's order (the input gradient from gy in one expression, gamma's and beta's from
+    full-batch float64 sums). The worst entries are BatchNorm biases, whose gradient sum(gy) cancels:
+    here the unsplit float32 run itself is ~1.5e-6 from the float64 one, and the split ~1.7e-6 from
+    the unsplit float32 run."""
     ref_trainer, ref_losses, _ = run("resnet18", None)
     budget = split_budget("resnet18")
     build, shape = NETS["resnet18"]
