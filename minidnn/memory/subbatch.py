@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import MemoryBudgetError
+from ..errors import MemoryBudgetError, ShapeError
 from ..graph import Spec
 from ..ops.norm import BatchNorm2dOp
 from ..schedule import PARAM_GRAD
@@ -93,7 +93,7 @@ def plan_step(schedule, config, cost=None, splits=None, whole_cost=None):
         return whole
     try:
         split = split_step(batch, batch_norm, splits, replace(config, budget=whole.budget), cost)
-    except MemoryBudgetError:
+    except (MemoryBudgetError, ShapeError):      # no split fits, or the graph cannot be split exactly
         return whole
     return split if split.predicted_seconds < whole.predicted_seconds else whole
 
