@@ -169,7 +169,8 @@ def plan_dict(plan, name, shape, profile, policy="auto"):
         "lower_bound_bytes": plan.lower_bound_bytes, "peak_bytes": plan.peak_bytes,
         "fragmentation_bytes": plan.fragmentation_bytes, "host_bytes": plan.host_bytes, "placement": plan.placement,
         "steps": len(plan.steps),
-        "sub_batches": plan.k, "sub_batch": plan.sub_batch,   # k > 1: the figures below are one sub-batch's
+        # k > 1: step_seconds is the split step's; the other figures are its plan's (memory.subbatch)
+        "sub_batches": plan.k, "sub_batch": plan.sub_batch,
         "decisions": [{"tensor": t, "bytes": int(b), "decision": k} for t, b, k in plan.layer_table()],
         "algorithm_changes": [{"step": step, "fastest": fast, "chosen": chosen}
                               for step, (fast, chosen) in _algorithm_changes(plan).items()],
@@ -201,7 +202,7 @@ def plan_text(plan, name, shape, profile, policy="auto"):
         lines += [f"  {step:<40}{fast:<26} -> {chosen}" for step, (fast, chosen) in changes.items()]
     if plan.k > 1:
         lines.append(f"predicted step time {plan.predicted_seconds * 1e3:.2f} ms as {plan.k} sub-batches of "
-                     f"{plan.sub_batch} (the tensors above are one sub-batch's)")
+                     f"{plan.sub_batch}")
         return "\n".join(lines)
     sim, base = plan.simulation, plan.baseline or plan.simulation
     over = plan.predicted_overhead or 0.0
