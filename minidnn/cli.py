@@ -286,7 +286,8 @@ def cmd_plan(args):
     system.link(args.ranks)               # more ranks than the system has devices fails before planning
     try:
         plan, shape = make_plan(args.model, args.batch_size // args.ranks, args.image_size,
-                                _budget(args.budget), args.policy, system.device)
+                                _budget(args.budget), args.policy, system.device,
+                                SUB_BATCHING[args.sub_batching], args.bn)
     except MemoryBudgetError as e:
         if args.json:   # machines get the minimum too; the one-line error still goes to stderr
             print(json.dumps({"model": args.model, "error": str(e), "minimum_bytes": e.minimum_bytes}))
@@ -359,9 +360,9 @@ def parser():
                    help="random crop after zero padding (and horizontal flip: the CIFAR recipe; default: crop)")
     t.add_argument("--pad", type=int, default=None, help="zero padding before the random crop (default: 2)")
     t.add_argument("--budget", default=None, help="memory budget: bytes, '512MiB', or a fraction like 0.6")
-    t.add_argument("--bn", choices=["sub-batch", "exact"], default="sub-batch",
-                   help="when the budget splits a batch into sub-batches, BatchNorm uses each sub-batch's "
-                        "statistics (sub-batch) or the full batch's, as unsplit (exact)")
+    t.add_argument("--bn", choices=["exact", "sub-batch"], default="exact",
+                   help="when the budget splits a batch into sub-batches, BatchNorm uses the full batch's "
+                        "statistics, as unsplit (exact), or each sub-batch's, as moDNN does (sub-batch)")
     t.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
                    help="split a batch into sub-batches whose gradients add up: only when it cannot fit "
                         "(needed), also when that is predicted faster than evicting and keeps the step's "
@@ -416,6 +417,9 @@ def parser():
                          "the scaling efficiency (each rank at batch-size / N, against one device at that "
                          "batch) without running a kernel")
     pl.add_argument("--policy", choices=["auto", "swap", "recompute", "none"], default="auto")
+    pl.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
+                    help="plan the split `minidnn train` would make (as its --sub-batching)")
+    pl.add_argument("--bn", choices=["exact", "sub-batch"], default="exact", help="as `minidnn train --bn`")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(fn=cmd_plan)
 

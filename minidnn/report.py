@@ -11,6 +11,7 @@ import contextlib
 
 from .errors import MinidnnError
 from .memory import MemoryConfig, format_bytes, get_profile, plan_memory
+from .memory.subbatch import plan_step
 from .training import build_model
 
 
@@ -78,6 +79,22 @@ def sub_batch_schedules(net, input_shape):
     return schedules_for
 
 
+def step_splits(net, input_shape):
+    """The :class:`~minidnn.memory.subbatch.Splits` of :func:`training_schedule`'s step: as sub-batches,
+    or staged with full-batch BatchNorm statistics."""
+    from .autograd import build_schedule
+    from .graph import trace
+    from .memory.subbatch import Splits
+    from .optim import SGD
+    from .split_graph import split_graph
+    loss, opt = _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9)
+
+    def staged(b, k):
+        graph = trace(net, (b,) + tuple(input_shape[1:]), loss=loss)
+        return build_schedule(split_graph(graph, k), optimizer=opt, load_each_input=True)
+    return Splits(sub_batch_schedules(net, input_shape), staged)
+
+
 def _input_shape(name, batch_size, image_size):
     from . import models
     c, h, w = models.default_input(name)
@@ -119,8 +136,10 @@ def models_table(rows, batch_size, image_size):
     return "\n".join(lines)
 
 
-def make_plan(name, batch_size, image_size=None, budget=None, policy="auto", profile="titanx-12gb"):
-    """The memory plan of one training step of model ``name`` and its input shape.
+def make_plan(name, batch_size, image_size=None, budget=None, policy="auto", profile="titanx-12gb",
+              sub_batching=True, bn="exact"):
+    """The memory plan of one training step of model ``name`` and its input shape: whole, or split
+    into sub-batches as ``minidnn.compile`` would split it (``sub_batching``, ``bn``: MemoryConfig's).
 
     MemoryBudgetError (with the minimum) if ``budget`` cannot be met.
     """
@@ -129,8 +148,8 @@ def make_plan(name, batch_size, image_size=None, budget=None, policy="auto", pro
     with shapes_only():
         net = build_model(name, image_size=shape[2], in_channels=shape[1])
     _, schedule = training_schedule(net, shape)
-    plan = plan_memory(schedule, MemoryConfig(budget=budget, policy=policy, profile=profile))
-    return plan, shape
+    config = MemoryConfig(budget=budget, policy=policy, profile=profile, sub_batching=sub_batching, bn=bn)
+    return plan_step(schedule, config, splits=step_splits(net, shape)), shape
 
 
 def _algorithm_changes(plan):
@@ -150,11 +169,13 @@ def plan_dict(plan, name, shape, profile, policy="auto"):
         "lower_bound_bytes": plan.lower_bound_bytes, "peak_bytes": plan.peak_bytes,
         "fragmentation_bytes": plan.fragmentation_bytes, "host_bytes": plan.host_bytes, "placement": plan.placement,
         "steps": len(plan.steps),
+        # k > 1: step_seconds is the split step's; the other figures are its plan's (memory.subbatch)
+        "sub_batches": plan.k, "sub_batch": plan.sub_batch,
         "decisions": [{"tensor": t, "bytes": int(b), "decision": k} for t, b, k in plan.layer_table()],
         "algorithm_changes": [{"step": step, "fastest": fast, "chosen": chosen}
                               for step, (fast, chosen) in _algorithm_changes(plan).items()],
         "prediction": {
-            "step_seconds": float(sim.seconds), "unlimited_memory_seconds": float(base.seconds),
+            "step_seconds": float(plan.predicted_seconds), "unlimited_memory_seconds": float(base.seconds),
             "overhead": float(over) if over is not None else 0.0,
             "compute_seconds": float(sim.compute_seconds), "recompute_seconds": float(sim.recompute_seconds),
             "copy_seconds": float(sim.copy_seconds), "stall_seconds": float(sim.stall_seconds),
@@ -179,6 +200,10 @@ def plan_text(plan, name, shape, profile, policy="auto"):
     if changes:
         lines.append(f"slower algorithms chosen for a smaller workspace ({len(changes)}):")
         lines += [f"  {step:<40}{fast:<26} -> {chosen}" for step, (fast, chosen) in changes.items()]
+    if plan.k > 1:
+        lines.append(f"predicted step time {plan.predicted_seconds * 1e3:.2f} ms as {plan.k} sub-batches of "
+                     f"{plan.sub_batch}")
+        return "\n".join(lines)
     sim, base = plan.simulation, plan.baseline or plan.simulation
     over = plan.predicted_overhead or 0.0
     lines.append(f"predicted step time {sim.seconds * 1e3:.2f} ms; with unlimited memory {base.seconds * 1e3:.2f} ms;"

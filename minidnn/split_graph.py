@@ -41,6 +41,10 @@ from .ops.norm import BatchNorm2dOp
 from .ops.norm_split import BatchNormApplyOp, BatchNormCombineOp, BatchNormStatsOp
 
 
+# what a user whose budget needs a split can do instead
+_OPT_IN = " (MemoryConfig(bn='sub-batch') splits it with each sub-batch's own statistics, or give a larger budget)"
+
+
 def _is_batch_norm(node) -> bool:
     return isinstance(node.op, BatchNorm2dOp) and node.op.training
 
@@ -53,12 +57,12 @@ def _check(graph, b):
             if not v.shape or v.shape[0] != b:
                 raise ShapeError(f"{n.label}: exact BatchNorm statistics over sub-batches need every activation "
                                  f"to keep the batch ({b}) as its first dimension; this node's output has shape "
-                                 f"{v.shape}")
+                                 f"{v.shape}{_OPT_IN}")
         if _is_batch_norm(n):
             users = [m.label for m in graph.nodes for v in m.inputs if v in n.outputs[1:]]
             if users:
                 raise ShapeError(f"{n.label}: its batch statistics are read by {users[0]}, which exact BatchNorm "
-                                 f"statistics over sub-batches cannot provide")
+                                 f"statistics over sub-batches cannot provide{_OPT_IN}")
 
 
 def _stages(graph) -> dict:

@@ -7,12 +7,11 @@ import numpy as np
 
 from .autograd import build_schedule, build_update_schedule
 from .backend import get_backend
-from .errors import MemoryBudgetError, ShapeError
+from .errors import ShapeError
 from .executor import Context, Executor
 from .graph import trace
-from .memory import MemoryConfig, plan_memory
-from .memory.subbatch import StagedPlan, SubBatchPlan, plan_staged, plan_sub_batches
-from .ops.loss import MeanOfLossesOp
+from .memory import MemoryConfig
+from .memory.subbatch import Splits, plan_eval, plan_step
 from .persistent import PersistentStore
 from .split_graph import split_graph
 from .trace import Recorder
@@ -57,18 +56,12 @@ class Trainer:
             feeds = [rng.standard_normal(self.input_shape).astype(self.dtype),
                      np.zeros(first.tensor(first.inputs[1]).spec.shape, first.tensor(first.inputs[1]).spec.dtype)]
             self.cost = measure_costs(self, first, feeds)
-        try:
-            plan = plan_memory(first, self.memory, self._cost(self.cost))
-            budget = plan.budget
-        except MemoryBudgetError as e:
-            if not self.memory.sub_batching or self.optimizer is None or self.input_shape[0] < 2:
-                raise
-            plan, budget = None, e.budget_bytes
+        plan = plan_step(first, self.memory, self._cost(None), self._splits(self.input_shape),
+                         whole_cost=self._cost(self.cost) if self.cost is not None else None)
         # a fractional budget is a fraction of the compiled training step's liveness peak;
         # every other shape (the last partial batch, predict) gets the same bytes
-        self.memory = dataclasses.replace(self.memory, budget=budget)
-        self._plans[("train", self.input_shape)] = (self._faster_split(self.input_shape, plan) if plan
-                                                     else self._split(self.input_shape))
+        self.memory = dataclasses.replace(self.memory, budget=plan.budget)
+        self._plans[("train", self.input_shape)] = plan
 
     # -- planning -----------------------------------------------------------
     def _schedule(self, shape, training):
@@ -87,55 +80,36 @@ class Trainer:
         return build_schedule(graph, training=training, optimizer=self.optimizer if training else None)
 
     def plan_for(self, shape, training=True):
-        """The plan for a step on ``shape``: a Plan, or when only a split fits a SubBatchPlan
-        (BatchNorm per sub-batch) or a StagedPlan (``MemoryConfig(bn="exact")``)."""
+        """The plan for a step on ``shape``: whole or split (see ``memory.subbatch``); in eval mode
+        (``training=False``), whole or in chunks."""
         key = ("train" if training else "eval", tuple(shape))
         plan = self._plans.get(key)
         if plan is None:
-            try:
-                cost = self.cost if tuple(shape) == self.input_shape and training else None
-                plan = plan_memory(self._schedule(tuple(shape), training), self.memory, self._cost(cost))
-                if training:
-                    plan = self._faster_split(tuple(shape), plan)
-            except MemoryBudgetError:
-                if not (training and self.memory.sub_batching and self.optimizer is not None and shape[0] > 1):
-                    raise
-                plan = self._split(tuple(shape))
+            shape = tuple(shape)
+            if training:
+                plan = plan_step(self._schedule(shape, True), self.memory, self._cost(None), self._splits(shape))
+            else:
+                plan = plan_eval(shape[0], lambda b: self._schedule((b,) + shape[1:], False), self.memory,
+                                 self._cost(None), held_bytes=self.store.nbytes)
             self._plans[key] = plan
         return plan
 
-    def _faster_split(self, shape, plan):
-        """``plan``, or with ``sub_batching="fastest"`` a split of the step where the simulator predicts
-        it faster than ``plan``'s evictions, and splitting keeps the step's meaning (no BatchNorm in
-        training mode, or exact BatchNorm)."""
-        bn = any(getattr(m, "num_batches_tracked", None) is not None and m.training for m in self.net.modules())
-        if (self.memory.sub_batching != "fastest" or not plan.predicted_overhead or shape[0] < 2
-                or self.optimizer is None or (bn and self.memory.bn != "exact")
-                or self.cost is not None):           # measured times exist for the full batch only
-            return plan
-        try:
-            split = self._split(shape)
-        except MemoryBudgetError:
-            return plan
-        return split if split.predicted_seconds < plan.predicted_seconds else plan
+    def _splits(self, shape):
+        """How a training step on ``shape`` is built as sub-batches (None: without an optimizer it is not)."""
+        if self.optimizer is None:
+            return None
 
-    def _split(self, shape):
         def graph_of(b):
             return trace(self.net, (b,) + shape[1:], self.dtype, loss=self.loss)
 
-        def schedules_for(b):
+        def sub(b):
             graph = graph_of(b)
             return (build_schedule(graph, optimizer=self.optimizer, accumulate=True, updates=False),
                     build_update_schedule(graph, self.optimizer))
 
-        def staged_schedule_for(k):
-            return build_schedule(split_graph(graph_of(shape[0] // k), k), optimizer=self.optimizer,
-                                  load_each_input=True)
-
-        if self.memory.bn == "exact":
-            return plan_staged(shape[0], staged_schedule_for, lambda b: schedules_for(b)[0], self.memory,
-                               self._cost(None))
-        return plan_sub_batches(shape[0], schedules_for, self.memory, self._cost(None))
+        def staged(b, k):
+            return build_schedule(split_graph(graph_of(b), k), optimizer=self.optimizer, load_each_input=True)
+        return Splits(sub, staged)
 
     def _cost(self, base):
         """The cost model plans use on this backend (on CUDA: cuDNN's algorithms and times)."""
@@ -160,25 +134,16 @@ class Trainer:
 
     def _check_labels(self, plan, y):
         y = np.asarray(y)
-        spec = plan.schedule.tensor(plan.schedule.inputs[1]).spec
-        if isinstance(plan, (SubBatchPlan, StagedPlan)):
-            spec = type(spec)((spec.shape[0] * plan.k,) + spec.shape[1:], spec.dtype)
+        spec = plan.labels
         if y.shape != spec.shape:
             raise ShapeError(f"step: expected labels of shape {spec.shape}, got {y.shape}")
         if np.dtype(spec.dtype).kind in "iu":
             if y.dtype.kind not in "iu":
                 raise ShapeError(f"step: expected integer class labels, got dtype {y.dtype}")
-            classes = self._num_classes(plan)
+            classes = plan.classes
             if y.size and (y.min() < 0 or y.max() >= classes):
                 raise ValueError(f"step: labels must be in [0, {classes}), got values in [{y.min()}, {y.max()}]")
         return y
-
-    @staticmethod
-    def _num_classes(plan):
-        loss_node = plan.schedule.graph.outputs[0].producer
-        if isinstance(loss_node.op, MeanOfLossesOp):      # sub-batches' losses: the first one's logits
-            loss_node = loss_node.inputs[0].producer
-        return loss_node.inputs[0].shape[1]
 
     def step(self, x, y) -> float:
         """One training step on a batch; returns the loss."""
@@ -186,47 +151,19 @@ class Trainer:
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
-        t = self.steps_done + 1
-        if isinstance(plan, SubBatchPlan):
-            loss = self._step_split(plan, ctx, x, y, t)
-        elif isinstance(plan, StagedPlan):
-            b = plan.sub_batch
-            feeds = [a for j in range(plan.k) for a in (x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])]
-            out = self.executor.run(plan.plan, ctx, feeds, self.optimizer, t, recorder=self.recorder)
-            loss = float(out[plan.schedule.loss])
-        else:
-            out = self.executor.run(plan, ctx, [x, y], self.optimizer, t, recorder=self.recorder)
-            loss = float(out[plan.schedule.loss])
+        loss = plan.run(self.executor, ctx, x, y, self.optimizer, self.steps_done + 1, self.recorder)
         self.steps_done += 1
         for m in self.net.modules():
             nbt = getattr(m, "num_batches_tracked", None)
             if nbt is not None and m.training:
-                nbt.data += plan.k if isinstance(plan, SubBatchPlan) else 1
+                nbt.data += plan.batch_norm_updates
         return loss
-
-    def _step_split(self, plan, ctx, x, y, t):
-        """k sub-batches adding their gradients, then one update; the loss is their mean."""
-        for p in self.net.parameters():
-            if p.grad is not None:
-                p.grad[...] = 0
-        ctx.loss_scale = 1.0 / plan.k
-        losses, high = [], 0
-        b = plan.sub_batch
-        for j in range(plan.k):
-            out = self.executor.run(plan.sub, ctx, [x[j * b:(j + 1) * b], y[j * b:(j + 1) * b]], t=t,
-                                    recorder=self.recorder if j == 0 else None)
-            losses.append(float(out[plan.sub.schedule.loss]))
-            high = max(high, self.executor.high_water_bytes)
-        self.executor.run(plan.update, ctx, [], self.optimizer, t)
-        self.executor.high_water_bytes = max(high, self.executor.high_water_bytes)
-        return float(np.mean(losses))
 
     def predict(self, x) -> np.ndarray:
         """The network's output for ``x`` in eval mode (a new array)."""
         x = self._check_input(x)
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
-        ctx = Context.on(self.backend, self.rng)
-        return self.executor.run(plan, ctx, [x])[plan.schedule.outputs[0]]
+        return plan.run(self.executor, Context.on(self.backend, self.rng), x)
 
     @property
     def trace(self):

@@ -48,7 +48,7 @@ def main():
         budget = int(args.budget * e.minimum_bytes)
         print(f"full-batch minimum {mdn.memory.format_bytes(e.minimum_bytes)}; budget "
               f"{mdn.memory.format_bytes(budget)} ({args.budget:.0%} of it)")
-    modes = {"unlimited": None, "per sub-batch": mdn.MemoryConfig(budget=budget),
+    modes = {"unlimited": None, "per sub-batch": mdn.MemoryConfig(budget=budget, bn="sub-batch"),
              "exact": mdn.MemoryConfig(budget=budget, bn="exact")}
     trainers, plan_s = {}, {}
     for name, mem in modes.items():

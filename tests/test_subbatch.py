@@ -1,10 +1,11 @@
 """Sub-batching: a mini-batch that cannot fit at its full size is split, and still trains the same.
 
-Without BatchNorm (whose statistics are per sub-batch by default), k sub-batches
-accumulating 1/k-scaled gradients followed by one update give the unsplit
-run's parameters up to float rounding. With ``MemoryConfig(bn="exact")``
-BatchNorm uses the full mini-batch's statistics, and a ResNet-18 gives the
-unsplit run's parameters and running statistics too.
+Without BatchNorm, k sub-batches accumulating 1/k-scaled gradients followed by
+one update give the unsplit run's parameters up to float rounding. With
+BatchNorm the default (``MemoryConfig(bn="exact")``) uses the full mini-batch's
+statistics, and a ResNet-18 gives the unsplit run's parameters, running
+statistics and counters too; moDNN's per-sub-batch statistics are an opt-in
+(``bn="sub-batch"``).
 """
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def split_budget(name, dtype=np.float32, device="cpu"):
     return (full + e.value.minimum_bytes) // 2
 
 
-def run(name, budget, steps=3, dtype=np.float32, device="cpu", bn="sub-batch", sub_batching=True):
+def run(name, budget, steps=3, dtype=np.float32, device="cpu", bn="exact", sub_batching=True):
     build, shape = NETS[name]
     net = build().init_parameters(0)
     trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
@@ -97,7 +98,7 @@ def test_fastest_splits_a_step_that_fits_only_where_the_split_is_predicted_faste
     """Just above its full batch's lower bound (and at most 40% of its liveness peak) a conv net fits
     by evicting a lot; sub_batching="fastest" splits it because the simulator predicts the split
     faster, and it still trains like the unsplit run. The default never splits a step that fits;
-    a BatchNorm network is not split."""
+    a BatchNorm network whose split would change its statistics (bn="sub-batch") is not split."""
     unlimited, ref_losses, ref = run("convnet", None)
     budget = max(unlimited.plan.liveness_peak_bytes * 2 // 5, unlimited.plan.lower_bound_bytes * 11 // 10)
     evicting, _, _ = run("convnet", budget, steps=0)
@@ -110,7 +111,7 @@ def test_fastest_splits_a_step_that_fits_only_where_the_split_is_predicted_faste
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     bn_live = run("resnet18", None, steps=0)[0].plan.liveness_peak_bytes
-    bn_net, _, _ = run("resnet18", bn_live * 3 // 5, steps=0, sub_batching="fastest")
+    bn_net, _, _ = run("resnet18", bn_live * 3 // 5, steps=0, sub_batching="fastest", bn="sub-batch")
     assert not isinstance(bn_net.plan, (SubBatchPlan, StagedPlan)) and bn_net.plan.predicted_overhead > 0
     with pytest.raises(ValueError, match="sub_batching"):
         MemoryConfig(sub_batching="sometimes")
@@ -152,27 +153,39 @@ def test_exact_batch_norm_trains_resnet18_like_the_full_batch(resnet18_runs):
 
 
 def test_batch_norm_per_sub_batch_does_differ(resnet18_runs):
-    """The default (moDNN's semantics) normalizes each sub-batch alone: far from the unsplit run,
-    so the exact mode's agreement above is not a test that cannot fail."""
+    """The opt-in moDNN semantics normalize each sub-batch alone: far from the unsplit run, so the
+    exact mode's agreement above is not a test that cannot fail. The summary names the opt-in, and
+    each sub-batch's forward moves the running statistics and the counters."""
     (ref_trainer, ref_losses, _), runs, budget = resnet18_runs
     trainer, losses, _ = runs["sub-batch"]
     assert isinstance(trainer.plan, SubBatchPlan) and trainer.plan.k >= 2
     assert trainer.measured_peak_bytes == trainer.plan.peak_bytes <= budget
-    assert "BatchNorm statistics per sub-batch" in trainer.plan.summary()
+    assert "BatchNorm statistics per sub-batch (moDNN's; bn='sub-batch')" in trainer.plan.summary()
+    assert all(int(v) == 3 * trainer.plan.k for k, v in state(trainer.net).items() if k.endswith("num_batches_tracked"))
     errors = relative_errors(state(trainer.net), state(ref_trainer.net))
     assert max(errors.values()) > 1e-2
     assert not np.allclose(losses, ref_losses, rtol=1e-6)
 
 
-def test_exact_batch_norm_in_float32():
-    """float32 meets 1e-5 too: the split forms each gradient in the unsplit kernel's order (the input
-    gradient from gy in one expression, gamma's and beta's from full-batch float64 sums). The worst
-    entries are BatchNorm biases, whose gradient sum(gy) cancels: here the unsplit float32 run itself
-    is ~1.5e-6 from the float64 one, and the split ~1.7e-6 from the unsplit float32 run."""
+def test_the_default_split_keeps_batch_norm_exact_in_float32():
+    """A split keeps the step's meaning by default: full-batch BatchNorm statistics, and counters that
+    count steps (3 after 3 steps). float32 meets 1e-5 too: the split forms each gradient in the
+    unsplit kernel's order (the input gradient from gy in one expression, gamma's and beta's from
+    full-batch float64 sums). The worst entries are BatchNorm biases, whose gradient sum(gy) cancels:
+    here the unsplit float32 run itself is ~1.5e-6 from the float64 one, and the split ~1.7e-6 from
+    the unsplit float32 run."""
     ref_trainer, ref_losses, _ = run("resnet18", None)
     budget = split_budget("resnet18")
-    trainer, losses, _ = run("resnet18", budget, bn="exact")
+    build, shape = NETS["resnet18"]
+    net = build().init_parameters(0)
+    trainer = mdn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9), memory=budget)
+    rng = np.random.default_rng(3)
+    losses = [trainer.step(rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0]))
+              for _ in range(3)]
     assert isinstance(trainer.plan, StagedPlan) and trainer.plan.k >= 2
+    assert "BatchNorm statistics of the full mini-batch (exact)" in trainer.plan.summary()
+    counters = {k: int(v) for k, v in state(net).items() if k.endswith("num_batches_tracked")}
+    assert counters and set(counters.values()) == {3}
     assert trainer.measured_peak_bytes == trainer.plan.peak_bytes <= budget
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     errors = relative_errors(state(trainer.net), state(ref_trainer.net))
@@ -181,7 +194,7 @@ def test_exact_batch_norm_in_float32():
 
 
 def test_bn_mode_is_checked():
-    with pytest.raises(ValueError, match="'sub-batch' or 'exact'"):
+    with pytest.raises(ValueError, match="'exact' or 'sub-batch'"):
         MemoryConfig(bn="full")
 
 
@@ -200,7 +213,7 @@ def test_exact_batch_norm_refuses_a_graph_that_mixes_samples():
             return self.fc(nn.functional.reshape(y, (8, 2 * 4 * 4)))
 
     graph = trace(Mixer().init_parameters(0), (8, 1, 4, 4), loss=nn.CrossEntropyLoss())
-    with pytest.raises(mdn.ShapeError, match="keep the batch"):
+    with pytest.raises(mdn.ShapeError, match="keep the batch.*bn='sub-batch'"):
         split_graph(graph, 2)
 
 

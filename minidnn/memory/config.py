@@ -43,19 +43,24 @@ class MemoryConfig:
     ``algorithms``: ``"auto"`` lets the planner pick each convolution's
     algorithm (fastest first, smaller workspaces under a tight budget);
     ``"default"`` keeps every op's default algorithm. Offload, prefetch and
-    recomputation never change a result; a different algorithm may change the
-    last bits (see ``plan.algorithm_changes``). With ``sub_batching``, a
-    training step that cannot fit at its full batch is split into sub-batches
-    whose gradients accumulate (see ``memory.subbatch``); ``"fastest"`` splits
-    one that fits too, where evicting would cost more time than the split, and
-    where splitting keeps the step's meaning (no BatchNorm in training mode, or
-    ``bn="exact"``): the result then changes by float rounding. ``bn`` says whose
-    statistics a training-mode BatchNorm then uses: ``"sub-batch"`` (each
-    sub-batch its own, as moDNN does; the default) or ``"exact"`` (the full
-    mini-batch's, as the unsplit step: the sub-batches run stage by stage
+    recomputation never change a result: a step planned whole (``plan.k == 1``)
+    with the unlimited plan's algorithms (``plan.algorithm_changes`` empty) trains
+    bitwise identically to unlimited memory. With ``algorithms="default"`` and
+    ``sub_batching=False`` that holds under every feasible budget. Under
+    ``"auto"``, a smaller-workspace algorithm may change the last bits
+    (``plan.algorithm_changes`` lists each).
+    With ``sub_batching``, a training step that cannot fit at its full batch is
+    split into sub-batches whose gradients accumulate (see ``memory.subbatch``);
+    the result then changes by float rounding. ``"fastest"`` splits one that
+    fits too, where evicting would cost more time than the split and splitting
+    keeps the step's meaning. ``bn`` says whose statistics a training-mode
+    BatchNorm uses in a split step: ``"exact"`` (the default: the full
+    mini-batch's, as the unsplit step; the sub-batches run stage by stage
     between BatchNorms, so parameters and running statistics follow the
-    unsplit run's up to float rounding, at the cost of keeping each
-    sub-batch's BatchNorm inputs until the full statistics are known).
+    unsplit run's up to float rounding, at the cost of keeping each sub-batch's
+    BatchNorm inputs until the full statistics are known) or ``"sub-batch"``
+    (each sub-batch its own, as moDNN does: another training, on request, named
+    in the plan's summary).
     """
 
     budget: object = None
@@ -63,7 +68,7 @@ class MemoryConfig:
     profile: object = "cpu-2core"
     algorithms: str = "auto"
     sub_batching: object = True     # True, False or "fastest"
-    bn: str = "sub-batch"
+    bn: str = "exact"
     poison: bool = False
     check: bool = False
 
@@ -73,8 +78,8 @@ class MemoryConfig:
         if self.sub_batching not in (True, False, "fastest"):
             raise ValueError(f"sub_batching must be True, False or 'fastest', got {self.sub_batching!r}")
         if self.bn not in ("sub-batch", "exact"):
-            raise ValueError(f"bn (BatchNorm statistics when a mini-batch is split) must be 'sub-batch' or "
-                             f"'exact', got {self.bn!r}")
+            raise ValueError(f"bn (BatchNorm statistics when a mini-batch is split) must be 'exact' or "
+                             f"'sub-batch', got {self.bn!r}")
 
     def policy_object(self):
         """The policy as an object (a name is looked up among the known policies)."""

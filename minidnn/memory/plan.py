@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ..ops.loss import MeanOfLossesOp
 from .config import format_bytes
 
 
@@ -26,6 +27,11 @@ class Plan:
     ``program`` holds the executable steps (with offload, prefetch and
     recompute steps inserted) and the residencies, one buffer each, whose
     offsets ``offsets`` gives by residency index.
+
+    A Plan is the whole step (``k`` = 1); split steps are planned in
+    ``memory.subbatch``, and every kind has this interface: ``k``,
+    ``sub_batch``, ``peak_bytes``, ``predicted_seconds``, ``budget``,
+    ``summary()``, ``labels``, ``classes``, ``batch_norm_updates`` and ``run``.
     """
 
     schedule: object
@@ -56,6 +62,33 @@ class Plan:
                 for i, a in self.baseline_algos.items() if self.algos.get(i) != a}
 
     baseline_algos = None           # the unlimited plan's algorithms, set by the planner
+    k = 1                           # the step runs whole
+    batch_norm_updates = 1          # a training step moves BatchNorm's running statistics once
+
+    # -- the step it plans --------------------------------------------------------
+    @property
+    def sub_batch(self) -> int:
+        """Samples per run of this plan (the first input's batch)."""
+        return self.schedule.tensor(self.schedule.inputs[0]).spec.shape[0]
+
+    @property
+    def labels(self):
+        """The Spec of a training step's labels (its second input)."""
+        return self.schedule.tensor(self.schedule.inputs[1]).spec
+
+    @property
+    def classes(self) -> int:
+        """How many classes the loss's input scores (the range of integer labels)."""
+        node = self.schedule.graph.outputs[0].producer
+        if isinstance(node.op, MeanOfLossesOp):      # a split step's losses: the first sub-batch's logits
+            node = node.inputs[0].producer
+        return node.inputs[0].shape[1]
+
+    def run(self, executor, ctx, x, y=None, optimizer=None, t=0, recorder=None):
+        """Carry out the step on ``x`` (and labels ``y`` in training) with ``executor``: the loss as a float,
+        or for an eval pass the network's output (a host array)."""
+        out = executor.run(self, ctx, [x] if y is None else [x, y], optimizer, t, recorder=recorder)
+        return float(out[self.schedule.loss]) if self.schedule.loss is not None else out[self.schedule.outputs[0]]
 
     # -- views used by the executor, tests and traces ---------------------------
     @property

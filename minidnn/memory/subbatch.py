@@ -1,41 +1,126 @@
-"""Sub-batching: when a mini-batch cannot fit even at the lower bound, split it.
+"""Splitting a step: the decision to split, and the plans of a split step.
 
-The mini-batch of B samples runs as k sub-batches of B/k: each sub-batch's
-forward and backward adds its gradients (scaled by 1/k, so they sum to the
-mini-batch mean's) into the persistent gradients, and one optimizer update
-follows. BatchNorm normalizes each sub-batch with its own statistics (as
-moDNN does); without BatchNorm the result equals the unsplit step's up to
-float rounding. Among the k that divide B and fit the budget, the planner
-takes the one the simulator predicts fastest.
+A training step that cannot fit at its full batch of B samples (or, with
+``sub_batching="fastest"``, one that is predicted faster split than evicting)
+runs as k sub-batches of B/k, whose 1/k-scaled gradients add up to the
+mini-batch mean's before one optimizer update. :func:`plan_step` makes that
+decision and returns one of three plans, all with one interface (``k``,
+``sub_batch``, ``peak_bytes``, ``predicted_seconds``, ``budget``,
+``summary()``, ``labels``, ``classes``, ``batch_norm_updates`` and
+``run(executor, ctx, x, y, optimizer, t, recorder)``):
 
-With exact BatchNorm (``MemoryConfig(bn="exact")``) the k sub-batches are one
-graph instead (see ``split_graph``): run stage by stage between BatchNorms,
-whose statistics are the full mini-batch's, then one update. That iteration is
-planned as a whole like any schedule (:class:`StagedPlan`), so every buffer a
-sub-batch keeps across the stages is placed, offloaded or recomputed by the
-planner within the budget, and parameters and running statistics follow the
-unsplit run's up to float rounding.
+- a whole :class:`~minidnn.memory.plan.Plan` (k = 1);
+- a :class:`StagedPlan`, the default split of a network with a training-mode
+  BatchNorm: the k sub-batches are one graph (``split_graph``), run stage by
+  stage between BatchNorms, whose statistics are the full mini-batch's, as the
+  unsplit step's. That iteration is planned as a whole like any schedule, so
+  every buffer a sub-batch keeps across the stages is placed, offloaded or
+  recomputed within the budget; parameters and running statistics follow the
+  unsplit run's up to float rounding, and the running statistics move once;
+- a :class:`SubBatchPlan`: k runs of one sub-batch's plan, then the update's.
+  Without BatchNorm in training mode that is the unsplit step up to float
+  rounding. With one, each sub-batch normalizes with its own statistics
+  (moDNN's semantics) and moves the running statistics once: only on request,
+  ``MemoryConfig(bn="sub-batch")``, and named in the summary.
+
+An eval pass has no gradients to add up: eval-mode BatchNorm normalizes each
+sample alone, so :func:`plan_eval` splits a batch that does not fit into
+chunks (:class:`ChunkedPlan`) whose outputs, concatenated, are each chunk's
+own pass's bit for bit (and the whole batch's up to a kernel's summation order,
+which may depend on how many samples it gets).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
-from ..errors import MemoryBudgetError
+import numpy as np
+
+from ..errors import MemoryBudgetError, ShapeError
+from ..graph import Spec
+from ..ops.norm import BatchNorm2dOp
+from ..schedule import PARAM_GRAD
 from .config import format_bytes
 from .costmodel import ProfileCost
 from .planner import algorithm_options, lower_bound, minimum_bytes, plan_memory, smallest
 
 
+@dataclass(frozen=True)
+class Splits:
+    """How to build the schedules of a split step of one network (the caller knows the network).
+
+    ``sub(b)``: (one sub-batch of b samples, forward and backward adding its
+    gradients; the optimizer update alone). ``staged(b, k)``: the stage-major
+    iteration of k sub-batches of b with full-batch BatchNorm statistics.
+    """
+
+    sub: Callable
+    staged: Callable
+
+
+def _divisors(batch):
+    return [k for k in range(2, batch + 1) if batch % k == 0]
+
+
+def trains_batch_norm(schedule) -> bool:
+    """Whether ``schedule``'s graph has a BatchNorm in training mode (whose statistics a split would change)."""
+    return any(isinstance(n.op, BatchNorm2dOp) and n.op.training for n in schedule.graph.nodes)
+
+
+def plan_step(schedule, config, cost=None, splits=None, whole_cost=None):
+    """The plan of the training step ``schedule`` under ``config``: whole, or split (see the module).
+
+    A step is split when it does not fit whole and ``config.sub_batching`` and
+    ``splits`` allow it, or with ``sub_batching="fastest"`` when the split is
+    predicted faster than the whole plan's evictions and keeps the step's
+    meaning (full-batch BatchNorm statistics, or no training-mode BatchNorm).
+    ``whole_cost`` (measured times of the full step, if any) plans the whole
+    step; the split is then not compared with it, its times being of another
+    kind. A fractional budget is resolved against the whole step's liveness
+    peak; every plan returned carries it in bytes (``budget``).
+    """
+    batch = schedule.tensor(schedule.inputs[0]).spec.shape[0]
+    splittable = bool(config.sub_batching) and splits is not None and batch > 1
+    try:
+        whole = plan_memory(schedule, config, whole_cost or cost)
+    except MemoryBudgetError as e:
+        if not splittable:
+            raise
+        return split_step(batch, trains_batch_norm(schedule), splits, replace(config, budget=e.budget_bytes), cost)
+    batch_norm = trains_batch_norm(schedule)
+    if (config.sub_batching != "fastest" or not splittable or not whole.predicted_overhead
+            or whole_cost is not None or (batch_norm and config.bn != "exact")):
+        return whole
+    try:
+        split = split_step(batch, batch_norm, splits, replace(config, budget=whole.budget), cost)
+    except (MemoryBudgetError, ShapeError):      # no split fits, or the graph cannot be split exactly
+        return whole
+    return split if split.predicted_seconds < whole.predicted_seconds else whole
+
+
+def split_step(batch, batch_norm, splits, config, cost=None):
+    """The fastest feasible split of a ``batch``-sample step under ``config.budget`` (bytes): staged where
+    a training-mode BatchNorm must keep the full batch's statistics, else sub-batch by sub-batch."""
+    if batch_norm and config.bn == "exact":
+        return plan_staged(batch, lambda k: splits.staged(batch // k, k), lambda b: splits.sub(b)[0], config, cost)
+    return plan_sub_batches(batch, splits.sub, config, cost,
+                            bn="per sub-batch (moDNN's; bn='sub-batch')" if batch_norm else None)
+
+
+def _scaled(spec, k):
+    return Spec((spec.shape[0] * k,) + tuple(spec.shape[1:]), spec.dtype)
+
+
 @dataclass
 class SubBatchPlan:
-    """k sub-batches of ``sub_batch`` samples under ``sub``, then ``update`` once."""
+    """k sub-batches of ``sub_batch`` under ``sub``, then ``update`` once."""
 
     k: int
     sub_batch: int
     sub: object          # Plan of one sub-batch's forward + backward (gradients accumulate)
     update: object       # Plan of the optimizer update alone
     budget: int
-    bn: str = "per sub-batch"
+    bn: str = None       # whose statistics a training-mode BatchNorm uses (None: the network has none)
 
     @property
     def peak_bytes(self) -> int:
@@ -49,28 +134,58 @@ class SubBatchPlan:
     def predicted_seconds(self) -> float:
         return self.k * self.sub.simulation.seconds + self.update.simulation.seconds
 
+    @property
+    def labels(self) -> Spec:
+        return _scaled(self.sub.labels, self.k)
+
+    @property
+    def classes(self):
+        return self.sub.classes
+
+    @property
+    def batch_norm_updates(self) -> int:
+        """Each sub-batch's forward moves the running statistics (the network's counters follow)."""
+        return self.k
+
     def __getattr__(self, name):          # byte figures and the rest read from the sub-batch plan
         if name in ("sub", "update"):
             raise AttributeError(name)
         return getattr(self.sub, name)
 
+    def run(self, executor, ctx, x, y, optimizer=None, t=0, recorder=None) -> float:
+        """k sub-batches adding their gradients, then one update; the loss is their mean."""
+        for tensor in self.sub.schedule.tensors:
+            if tensor.category == PARAM_GRAD:
+                executor.store.view(tensor)[...] = 0
+        ctx.loss_scale = 1.0 / self.k
+        losses, high, b = [], 0, self.sub_batch
+        for j in range(self.k):
+            losses.append(self.sub.run(executor, ctx, x[j * b:(j + 1) * b], y[j * b:(j + 1) * b], None, t,
+                                       recorder if j == 0 else None))
+            high = max(high, executor.high_water_bytes)
+        executor.run(self.update, ctx, [], optimizer, t)
+        executor.high_water_bytes = max(high, executor.high_water_bytes)
+        return float(np.mean(losses))
+
     def summary(self, top=10) -> str:
-        head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch} (BatchNorm statistics {self.bn}); "
+        bn = f" (BatchNorm statistics {self.bn})" if self.bn else ""
+        head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch}{bn}; "
                 f"predicted step {self.predicted_seconds * 1e3:.2f} ms; peak {format_bytes(self.peak_bytes)} "
                 f"({self.peak_bytes} B) within budget {format_bytes(self.budget)}")
         return head + "\n" + self.sub.summary(top)
 
 
-def plan_sub_batches(batch, schedules_for, config, cost=None) -> SubBatchPlan:
+def plan_sub_batches(batch, schedules_for, config, cost=None, bn=None) -> SubBatchPlan:
     """The fastest feasible split of a ``batch``-sample mini-batch under ``config.budget`` (bytes).
 
     ``schedules_for(b)`` returns (sub-batch schedule with accumulating gradients,
-    update-only schedule) for sub-batches of ``b`` samples. Raises
-    MemoryBudgetError with the minimum at sub-batch 1 when no split fits.
+    update-only schedule) for sub-batches of ``b`` samples; ``bn`` names the
+    BatchNorm semantics for the summary. Raises MemoryBudgetError with the
+    minimum at sub-batch 1 when no split fits.
     """
     budget = config.budget
     best, tried_after = None, 0
-    for k in (k for k in range(2, batch + 1) if batch % k == 0):
+    for k in _divisors(batch):
         if best is not None and tried_after >= 2:     # more sub-batches only add per-step overhead
             break
         sub_sched, upd_sched = schedules_for(batch // k)
@@ -79,7 +194,7 @@ def plan_sub_batches(batch, schedules_for, config, cost=None) -> SubBatchPlan:
             upd = plan_memory(upd_sched, config, cost)
         except MemoryBudgetError:
             continue
-        plan = SubBatchPlan(k, batch // k, sub, upd, budget)
+        plan = SubBatchPlan(k, batch // k, sub, upd, budget, bn)
         if best is not None:
             tried_after += 1
         if best is None or plan.predicted_seconds < best.predicted_seconds:
@@ -106,6 +221,7 @@ class StagedPlan:
     plan: object         # Plan of the whole iteration: every sub-batch's forward and backward, then the update
     budget: int
     bn: str = "of the full mini-batch (exact)"
+    batch_norm_updates = 1           # the combine moves the running statistics once, with the full batch's
 
     @property
     def peak_bytes(self) -> int:
@@ -115,10 +231,21 @@ class StagedPlan:
     def predicted_seconds(self) -> float:
         return self.plan.simulation.seconds
 
+    @property
+    def labels(self) -> Spec:
+        return _scaled(self.plan.labels, self.k)
+
     def __getattr__(self, name):          # byte figures and the rest read from the iteration's plan
         if name == "plan":
             raise AttributeError(name)
         return getattr(self.plan, name)
+
+    def run(self, executor, ctx, x, y, optimizer=None, t=0, recorder=None) -> float:
+        """The iteration on every sub-batch's samples and labels (its inputs, sub-batch by sub-batch)."""
+        b = self.sub_batch
+        feeds = [a for j in range(self.k) for a in (x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])]
+        out = executor.run(self.plan, ctx, feeds, optimizer, t, recorder=recorder)
+        return float(out[self.plan.schedule.loss])
 
     def summary(self, top=10) -> str:
         head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch}, run stage by stage between BatchNorms "
@@ -138,7 +265,7 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
     """
     budget = config.budget
     best = None
-    for k in (k for k in range(2, batch + 1) if batch % k == 0):
+    for k in _divisors(batch):
         sub = sub_schedule_for(batch // k)
         options = algorithm_options(sub, cost or ProfileCost(config.profile)) if config.algorithms == "auto" else {}
         bound = lower_bound(sub, smallest(options))
@@ -157,3 +284,77 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
                                 f"{format_bytes(least)} ({least} B) with exact BatchNorm statistics, even with "
                                 f"sub-batches of 1 sample", least, budget)
     return best
+
+
+@dataclass
+class ChunkedPlan:
+    """An eval pass on k chunks of ``sub_batch`` samples under ``plan``; the outputs are concatenated."""
+
+    k: int
+    sub_batch: int
+    plan: object         # Plan of the eval pass on one chunk
+    budget: int
+    batch_norm_updates = 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.plan.peak_bytes
+
+    @property
+    def predicted_seconds(self) -> float:
+        return self.k * self.plan.simulation.seconds
+
+    def __getattr__(self, name):          # byte figures and the rest read from the chunk's plan
+        if name == "plan":
+            raise AttributeError(name)
+        return getattr(self.plan, name)
+
+    def run(self, executor, ctx, x, y=None, optimizer=None, t=0, recorder=None) -> np.ndarray:
+        b = self.sub_batch
+        return np.concatenate([self.plan.run(executor, ctx, x[j * b:(j + 1) * b], None, None, t,
+                                             recorder if j == 0 else None) for j in range(self.k)])
+
+    def summary(self, top=10) -> str:
+        head = (f"eval in {self.k} chunks of {self.sub_batch}; peak {format_bytes(self.peak_bytes)} "
+                f"({self.peak_bytes} B) within budget {format_bytes(self.budget)}")
+        return head + "\n" + self.plan.summary(top)
+
+
+def plan_eval(batch, schedule_for, config, cost=None, held_bytes=0):
+    """The plan of an eval pass on ``batch`` samples: whole, or the fewest equal chunks that fit.
+
+    ``schedule_for(b)`` returns the eval schedule on b samples; ``config.budget``
+    is in bytes. ``held_bytes`` is the persistent region the device holds
+    (a trainer's gradients and optimizer state besides the parameters an eval
+    pass reads): the budget covers it too, so a plan's arena gets the rest.
+    Raises MemoryBudgetError with the minimum at chunks of 1 sample when none fits.
+    """
+    def plan(b):
+        schedule = schedule_for(b)
+        other = max(held_bytes - schedule.persistent_bytes, 0)
+        try:
+            plan = plan_memory(schedule, replace(config, budget=config.budget - other), cost)
+        except MemoryBudgetError as e:
+            raise MemoryBudgetError(str(e), e.minimum_bytes + other, config.budget) from None
+        # its byte figures count the persistent region the device holds, as the budget does
+        for name in ("persistent_bytes", "ideal_bytes", "liveness_peak_bytes", "lower_bound_bytes", "minimum_bytes"):
+            if getattr(plan, name) is not None:
+                setattr(plan, name, getattr(plan, name) + other)
+        plan.budget = config.budget
+        return plan
+
+    if config.budget is None:
+        return plan_memory(schedule_for(batch), config, cost)
+    try:
+        return plan(batch)
+    except MemoryBudgetError as e:
+        error = e
+    for k in _divisors(batch):
+        try:
+            return ChunkedPlan(k, batch // k, plan(batch // k), config.budget)
+        except MemoryBudgetError as e:
+            error = e
+    raise MemoryBudgetError(f"budget {format_bytes(config.budget)} ({config.budget} B) is below the minimum "
+                            f"feasible {format_bytes(error.minimum_bytes)} ({error.minimum_bytes} B) of an eval "
+                            f"pass beside the training state, even in chunks of 1 sample", error.minimum_bytes,
+                            config.budget)
