@@ -35,3 +35,7 @@ class CheckpointError(MinidnnError, ValueError):
 
 class NumericalError(MinidnnError, FloatingPointError):
     """A non-finite value appeared (e.g. NaN loss); the message names the step."""
+
+
+class DistributedError(MinidnnError, RuntimeError):
+    """Data-parallel ranks disagree (their configurations differ) or one failed; the message names it."""
