@@ -118,6 +118,9 @@ def _train(args, parallel):
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
     print(trainer.plan.summary(top=0))
+    if parallel is not None:
+        print(f"data-parallel over {parallel.size} ranks ({parallel.describe_members()}); --batch-size "
+              f"{args.batch_size} is the global mini-batch")
     config = {"data": args.data, "image_size": train_set.shape[1], "batch_size": args.batch_size,
               "seed": args.seed, "epochs": args.epochs, "optimizer": args.optimizer, "lr": args.lr,
               "schedule": args.schedule, "augment": args.augment}

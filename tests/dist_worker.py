@@ -74,6 +74,7 @@ def main(argv=None):
             print(f"worker: error: {e}", file=sys.stderr)
             from minidnn.distributed.launch import abort
             abort(3)
+            return 3
         if rank == 0:
             with open(f"{args.out}.steps", "w") as f:
                 f.write(str(t + 1))

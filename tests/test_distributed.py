@@ -89,3 +89,69 @@ def test_per_rank_batchnorm_is_not_the_global_batch(tmp_path):
     local = _run(2, args + ["--bn", "local"], tmp_path / "local.npz")
     diff = max(float(np.abs(local[k] - ref[k]).max()) for k in ref)
     assert diff > 1e-6
+
+
+def test_a_configuration_that_differs_is_refused_naming_it(tmp_path):
+    out = str(tmp_path / "x.npz")
+    cmd = [MPIEXEC, "-n", "1", sys.executable, WORKER, "--out", out, "--batch", "6", ":",
+           "-n", "1", sys.executable, WORKER, "--out", out, "--batch", "8"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+    assert r.returncode != 0
+    assert "rank 1's global batch differs from rank 0's: [8, 3, 8, 8] != [6, 3, 8, 8]" in r.stderr
+
+
+def _wait_for(path, timeout=TIMEOUT):
+    t0 = time.monotonic()
+    while not os.path.exists(path) or not open(path).read().strip():
+        assert time.monotonic() - t0 < timeout, f"{path} never appeared"
+        time.sleep(0.2)
+    return open(path).read().strip()
+
+
+def _long_run(tmp_path, *extra):
+    out = tmp_path / "long.npz"
+    log = open(tmp_path / "log", "w")
+    proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, WORKER, "--out", str(out), "--steps", "1000000",
+                             "--timeout", "10", *extra], stdout=log, stderr=subprocess.STDOUT, env=_env())
+    _wait_for(f"{out}.steps")
+    return proc, out, tmp_path / "log"
+
+
+def _ended(proc, log, within=60):
+    t0 = time.monotonic()
+    try:
+        proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the other ranks did not stop within {within} s")
+    assert proc.returncode != 0
+    return open(log).read(), time.monotonic() - t0
+
+
+def test_kill_9_of_a_rank_ends_the_others_naming_it(tmp_path):
+    ckpt = tmp_path / "run"
+    log_path = tmp_path / "log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "minidnn.cli", "train", "--model", "lenet5",
+                                 "--epochs", "1000", "--batch-size", "16", "--out", str(ckpt), "--no-progress"],
+                                stdout=log, stderr=subprocess.STDOUT, env=_env())
+    _wait_for(ckpt / "steps.jsonl")
+    line = next(ln for ln in open(log_path) if "data-parallel over 2 ranks" in ln)
+    pid = int(line.split("rank 1: pid ")[1].split()[0])
+    os.kill(pid, signal.SIGKILL)
+    text, seconds = _ended(proc, log_path)
+    # the launcher reports the failed process by pid, which the start-up line gives as rank 1's
+    assert f"PID {pid}" in text and "Killed (signal 9)" in text, text[-2000:]
+
+
+def test_a_stopped_rank_is_named_within_the_timeout(tmp_path):
+    proc, out, log = _long_run(tmp_path)
+    os.kill(int(_wait_for(f"{out}.rank2.pid")), signal.SIGSTOP)
+    text, seconds = _ended(proc, log)
+    assert "rank 2 stopped responding" in text, text[-2000:]
+
+
+def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
+    proc, out, log = _long_run(tmp_path, "--hang-rank", "1")
+    text, seconds = _ended(proc, log)
+    assert "rank 1 (at collective" in text and "has not reached it: hung" in text, text[-2000:]

@@ -27,6 +27,9 @@ from ..errors import DistributedError
 TIMEOUT_SECONDS = 30.0
 # a heartbeat each second: a dead rank is named within TIMEOUT_SECONDS plus one beat
 HEARTBEAT_SECONDS = 1.0
+# a peer silent for half the timeout has stopped (its communication thread beats whatever its
+# compute does); one that beats but has not started the collective is hung before it
+SILENT_FRACTION = 0.5
 # sleep between two polls of a running collective: MPICH moves a collective only inside MPI calls,
 # and 50 us keeps a small reduction within tens of microseconds of its own time while the compute
 # thread keeps the cores (a spinning poll took one of this machine's two cores from the compute)
@@ -162,10 +165,11 @@ class CommThread:
                 self._sends.append((self.beats.Isend(msg, dest=r, tag=_HEARTBEAT_TAG), msg))
 
     def _diagnose(self, now) -> str:
-        silent = sorted(r for r, t in self._heard.items() if now - t > self.timeout)
+        quiet = SILENT_FRACTION * self.timeout
+        silent = sorted(r for r, t in self._heard.items() if now - t > quiet)
         if silent:
             who = ", ".join(f"rank {r}" for r in silent)
-            return (f"rank {self.rank}: {who} stopped responding (no heartbeat for {self.timeout:.0f} s): "
+            return (f"rank {self.rank}: {who} stopped responding (no heartbeat for {quiet:.0f} s): "
                     f"dead or stopped")
         behind = sorted(r for r, n in self._progress.items() if n < self.started)
         who = ", ".join(f"rank {r} (at collective {self._progress[r]})" for r in behind) or "no rank"

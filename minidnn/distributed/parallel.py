@@ -54,6 +54,7 @@ class DataParallel:
         self.comm, self.bn = comm, bn
         self.bucket_bytes, self.tail_bytes, self.timeout = int(bucket_bytes), int(tail_bytes), float(timeout)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.members = []                  # (pid, host) of each rank, once attached
 
     @property
     def shard_of(self) -> tuple:
@@ -75,20 +76,25 @@ class DataParallel:
     def attach(self, trainer, schedule, global_shape):
         """Check that every rank compiled the same thing, then start this rank's communication."""
         from .replica import Replica
-        check_same(self.comm, configuration(trainer, schedule, global_shape, self))
+        self.members = check_same(self.comm, configuration(trainer, schedule, global_shape, self))
         return Replica(self, trainer)
+
+    def describe_members(self) -> str:
+        """Who the ranks are (a launcher that reports a failed process names its pid)."""
+        return ", ".join(f"rank {r}: pid {pid} on {host}" for r, (pid, host) in enumerate(self.members))
 
 
 def configuration(trainer, schedule, global_shape, parallel) -> dict:
     """What must be equal on every rank, as JSON-able values."""
     from .. import __version__
     graph = schedule.graph
-    structure = [(n.label, n.op.name, [list(o.shape) for o in n.outputs]) for n in graph.nodes]
+    # the shapes without the batch: ranks whose slices differ in size trace the same model
+    structure = [(n.label, n.op.name, [list(o.shape[1:]) for o in n.outputs]) for n in graph.nodes]
     params = [(p.qualname, list(p.data.shape)) for p in trainer.net.parameters()]
     model = zlib.crc32(json.dumps([structure, params]).encode())
     mem = trainer.memory
-    return {"minidnn version": __version__, "model": f"{len(graph.nodes)} ops, {len(params)} parameters, "
-            f"structure {model:08x}", "global batch": list(global_shape), "dtype": str(trainer.dtype),
+    return {"minidnn version": __version__, "global batch": list(global_shape), "dtype": str(trainer.dtype),
+            "model": f"{len(graph.nodes)} ops, {len(params)} parameters, structure {model:08x}",
             "device": trainer.backend.name,
             "memory budget": repr(mem.budget), "memory policy": repr(mem.policy), "profile": repr(mem.profile),
             "algorithms": mem.algorithms, "sub-batching": repr(mem.sub_batching), "split BatchNorm": mem.bn,
@@ -96,18 +102,23 @@ def configuration(trainer, schedule, global_shape, parallel) -> dict:
             if trainer.optimizer is not None else "none", **parallel.describe()}
 
 
-def check_same(comm, config):
-    """DistributedError on every rank if any rank's ``config`` differs from rank 0's, naming the first key."""
+def check_same(comm, config) -> list:
+    """DistributedError on every rank if any rank's ``config`` differs from rank 0's, naming the first key;
+    else each rank's (pid, host name)."""
+    import os
+    import socket
     dup = comm.Dup()
     try:
-        configs = dup.allgather(config)
+        gathered = dup.allgather((config, (os.getpid(), socket.gethostname())))
     finally:
         dup.Free()
+    configs = [c for c, _ in gathered]
     for r, other in enumerate(configs):
         for key in configs[0]:
             if other.get(key) != configs[0][key]:
                 raise DistributedError(f"rank {r}'s {key} differs from rank 0's: {other.get(key)} "
                                        f"!= {configs[0][key]}")
+    return [who for _, who in gathered]
 
 
 def plan_signature(plan) -> int:
