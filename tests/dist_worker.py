@@ -33,6 +33,7 @@ def main(argv=None):
     p.add_argument("--last-batch", type=int, default=0, help="a last, smaller global batch after the steps")
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops (sleeps) before step 2")
+    p.add_argument("--trace", default=None, help="each rank writes the last step's trace to TRACE/rankR.json")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -78,6 +79,8 @@ def main(argv=None):
         if rank == 0:
             with open(f"{args.out}.steps", "w") as f:
                 f.write(str(t + 1))
+    if args.trace:
+        trainer.trace.save(os.path.join(args.trace, f"rank{rank}.json"))
     if rank == 0:
         state = {k: np.asarray(v) for k, v in net.state_dict().items()}
         np.savez(args.out, losses=np.array(losses), **state)

@@ -155,3 +155,22 @@ def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
     proc, out, log = _long_run(tmp_path, "--hang-rank", "1")
     text, seconds = _ended(proc, log)
     assert "rank 1 (at collective" in text and "has not reached it: hung" in text, text[-2000:]
+
+
+def test_each_rank_traces_its_reductions_in_their_own_lane(tmp_path):
+    from minidnn.trace import load, problems, stats, summary
+    _run(2, ["--model", "resnet20", "--dtype", "float32", "--steps", "2", "--trace", str(tmp_path)],
+         tmp_path / "t.npz")
+    for rank in range(2):
+        trace = load(str(tmp_path / f"rank{rank}.json"))
+        assert problems(trace) == []
+        comm = [s for s in trace.spans if s.stream == "comm"]
+        backward = [s for s in trace.spans if s.kind == "backward"]
+        assert comm and all(s.kind == "allreduce" and s.nbytes > 0 for s in comm)
+        # the buckets reduced add up to every gradient, and the first starts while the backward runs
+        grads = sum(n for _, c, n in trace.persistent if c == "gradient")
+        assert sum(s.nbytes for s in comm) == grads
+        assert min(s.start for s in comm) < max(s.end for s in backward)
+        st = stats(trace)
+        assert 0 <= st["exposed_comm_seconds"] <= st["seconds"]
+        assert "exposed communication" in summary(trace)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from ..schedule import PARAM_GRAD
+from ..trace import REDUCTION_WAIT
 from .buckets import gradient_buckets, ready_steps
 
 
@@ -77,7 +78,7 @@ class Reduction:
             t1 = time.perf_counter()
             self.waited += t1 - t0
             if rec is not None:
-                rec.span("compute", f"wait for reduction of bucket {k}", "stall", i, t0, t1)
+                rec.span("compute", f"{REDUCTION_WAIT} of bucket {k}", "stall", i, t0, t1)
         else:
             p.wait()
 
