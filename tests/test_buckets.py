@@ -84,3 +84,15 @@ def test_ready_steps_of_a_sub_batch_schedule():
     for b, r in zip(buckets, ready):
         assert r == max(last[id(layout.tensor(t).value.param)] for t in b.grads)
     assert ready == sorted(ready)
+
+
+def test_small_gradients_still_make_several_buckets():
+    from minidnn.distributed.buckets import BUCKET_BYTES, MIN_BUCKETS, TAIL_BYTES, bucket_sizes
+    sched = _schedule(resnet20())
+    total = sum(aligned(t.nbytes) for t in sched.tensors if t.category == PARAM_GRAD)
+    assert total < BUCKET_BYTES                 # ResNet-20's gradients fit one default bucket
+    buckets = gradient_buckets(sched)
+    assert len(buckets) >= MIN_BUCKETS
+    assert buckets[-1].nbytes <= bucket_sizes(total)[1] or len(buckets[-1].grads) == 1
+    # large gradients: the default caps
+    assert bucket_sizes(1 << 34) == (BUCKET_BYTES, TAIL_BYTES)

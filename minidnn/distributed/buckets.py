@@ -18,13 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..persistent import persistent_offsets
-from ..schedule import PARAM_GRAD, aligned
+from ..schedule import ALIGN, PARAM_GRAD, aligned
 
 # PyTorch DDP's default bucket cap (25 MiB): large enough that a reduction's latency is a small
 # share of its time on PCIe and 10-100 Gb/s links, small enough that several overlap the backward
 BUCKET_BYTES = 25 << 20
 # the last bucket: DDP's first-bucket cap (1 MiB), a reduction of a few hundred microseconds at 10 GB/s
 TAIL_BYTES = 1 << 20
+# where the gradients are small (ResNet-20: 1.1 MB) the caps above would make one or two buckets, the
+# first ready only at the end of the backward: at least this many, so reductions start all through it
+MIN_BUCKETS = 8
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,23 @@ def last_writes(steps, tensors) -> dict:
     return last
 
 
-def gradient_buckets(schedule, bucket_bytes=BUCKET_BYTES, tail_bytes=TAIL_BYTES) -> list:
+def bucket_sizes(grad_bytes, bucket_bytes=None, tail_bytes=None) -> tuple:
+    """(bucket cap, last bucket's cap) for ``grad_bytes`` of gradients: those given, else
+    :data:`BUCKET_BYTES` or less so that there are :data:`MIN_BUCKETS`, and a tail of at most
+    :data:`TAIL_BYTES` and at most the bucket cap."""
+    bucket = bucket_bytes if bucket_bytes is not None else min(BUCKET_BYTES, max(ALIGN, grad_bytes // MIN_BUCKETS))
+    return bucket, tail_bytes if tail_bytes is not None else min(TAIL_BYTES, bucket)
+
+
+def gradient_buckets(schedule, bucket_bytes=None, tail_bytes=None) -> list:
     """The gradient buckets of ``schedule``'s persistent region, in the order they become ready.
 
     Each holds whole gradients adjacent in the region, at most ``bucket_bytes``
-    (``tail_bytes`` for the one ready last) unless a single gradient is larger.
-    A ValueError if either size is not positive.
+    (``tail_bytes`` for the one ready last) unless a single gradient is larger;
+    sizes not given are :func:`bucket_sizes`'. A ValueError if a size is not positive.
     """
+    grads = [t for t in schedule.tensors if t.category == PARAM_GRAD]
+    bucket_bytes, tail_bytes = bucket_sizes(sum(aligned(t.nbytes) for t in grads), bucket_bytes, tail_bytes)
     if bucket_bytes <= 0 or tail_bytes <= 0:
         raise ValueError(f"bucket sizes must be positive, got {bucket_bytes} and {tail_bytes}")
     offsets = persistent_offsets(schedule)

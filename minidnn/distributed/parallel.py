@@ -21,7 +21,6 @@ import zlib
 import numpy as np
 
 from ..errors import DistributedError
-from .buckets import BUCKET_BYTES, TAIL_BYTES
 from .comm import TIMEOUT_SECONDS
 
 
@@ -39,20 +38,19 @@ class DataParallel:
     ``bn``: ``"sync"`` (BatchNorm statistics over the global mini-batch, the
     meaning of one process) or ``"local"`` (each rank's own slice, as PyTorch
     DDP by default). ``bucket_bytes``/``tail_bytes``: the gradient buckets'
-    sizes (:mod:`minidnn.distributed.buckets`). ``timeout``: seconds a
+    sizes (default: :func:`minidnn.distributed.buckets.bucket_sizes`). ``timeout``: seconds a
     collective may wait for the other ranks before failing with a
     :class:`~minidnn.errors.DistributedError` that names the rank.
     """
 
-    def __init__(self, comm=None, bn="sync", bucket_bytes=BUCKET_BYTES, tail_bytes=TAIL_BYTES,
-                 timeout=TIMEOUT_SECONDS):
+    def __init__(self, comm=None, bn="sync", bucket_bytes=None, tail_bytes=None, timeout=TIMEOUT_SECONDS):
         if bn not in ("sync", "local"):
             raise ValueError(f"DataParallel: bn must be 'sync' or 'local', got {bn!r}")
         if comm is None:
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
         self.comm, self.bn = comm, bn
-        self.bucket_bytes, self.tail_bytes, self.timeout = int(bucket_bytes), int(tail_bytes), float(timeout)
+        self.bucket_bytes, self.tail_bytes, self.timeout = bucket_bytes, tail_bytes, float(timeout)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.members = []                  # (pid, host) of each rank, once attached
 
