@@ -201,3 +201,30 @@ def test_a_run_resumed_with_another_number_of_ranks_continues_the_same_training(
     b, _ = load_checkpoint(str(tmp_path / "many" / "checkpoint.safetensors"))
     for k in a:
         assert np.linalg.norm(b[k] - a[k]) <= 1e-4 * np.linalg.norm(a[k]), k
+
+
+def test_one_rank_trains_what_one_process_trains():
+    """DataParallel over a communicator of one rank (this process): the buckets and the communication
+    thread change nothing; synchronized BatchNorm's backward (float64 sums in Python, not the
+    kernel's) only the rounding of ResNet-20's training."""
+    MPI = pytest.importorskip("mpi4py.MPI")
+    import minidnn as mdn
+    from minidnn import nn, optim
+    from minidnn.models import resnet20
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((4, 3, 32, 32)), rng.integers(0, 10, 4)) for _ in range(2)]
+    states, losses = [], []
+    for parallel in (None, mdn.distributed.DataParallel(MPI.COMM_WORLD, bucket_bytes=8192, tail_bytes=1024)):
+        net = resnet20()
+        net.init_parameters(0)
+        trainer = mdn.compile(net, (4, 3, 32, 32), nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9),
+                              dtype=np.float64, parallel=parallel)
+        losses.append([trainer.step(x, y) for x, y in batches])
+        if parallel is not None:
+            assert len(trainer.parallel.reducer.buckets) > 10
+            trainer.parallel.close()
+        states.append({k: np.array(v) for k, v in net.state_dict().items()})
+    assert losses[0][0] == losses[1][0]          # the first forward: the same kernels, bit for bit
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-14)
+    for k in states[0]:
+        np.testing.assert_allclose(states[1][k], states[0][k], rtol=1e-12, atol=1e-15, err_msg=k)

@@ -9,8 +9,6 @@ imported here only, when a CUDA trainer is made data-parallel.
 """
 from __future__ import annotations
 
-import time
-
 
 class _Done:
     """``threading.Event``'s ``is_set`` over a CUDA event."""
@@ -25,17 +23,17 @@ class _Done:
 
 
 class NcclPending:
-    """A reduction on the NCCL stream: ``wait`` orders the current (compute) stream after it."""
+    """A reduction on the NCCL stream: ``wait`` orders the compute stream after it."""
 
-    __slots__ = ("done", "seconds")
+    __slots__ = ("done", "seconds", "compute")
 
-    def __init__(self, event):
+    def __init__(self, event, compute):
         self.done = _Done(event)
         self.seconds = None
+        self.compute = compute
 
     def wait(self, timeout=None):
-        import cupy
-        cupy.cuda.get_current_stream().wait_event(self.done.event)
+        self.compute.wait_event(self.done.event)
 
 
 class NcclStream:
@@ -48,17 +46,17 @@ class NcclStream:
         uid = comm.bcast_object(nccl.get_unique_id() if comm.rank == 0 else None)
         self.comm = nccl.NcclCommunicator(comm.size, uid, comm.rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.compute = backend.stream
         self.types = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64}
-        self.clock = time.perf_counter
 
     def allreduce(self, buf) -> NcclPending:
         """Sum ``buf`` (a contiguous CuPy array) over the ranks in place, after the compute so far."""
         cupy = self.cupy
         written = cupy.cuda.Event(disable_timing=True)
-        written.record(cupy.cuda.get_current_stream())
+        written.record(self.compute)
         self.stream.wait_event(written)
         self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.types[buf.dtype.name], self.nccl.NCCL_SUM,
                             self.stream.ptr)
         done = cupy.cuda.Event(disable_timing=True)
         done.record(self.stream)
-        return NcclPending(done)
+        return NcclPending(done, self.compute)
