@@ -6,7 +6,8 @@ rank gets the same bits and no sum of squares loses the variance to
 cancellation. The backward sums, over the ranks, the two per-channel
 reductions the input gradient needs (of gy and of gy * (x - mean)); gamma's and
 beta's gradients stay this rank's own sums, since the gradient buckets add
-them up with every other gradient.
+them up with every other gradient. Both run the backend's BatchNorm kernels,
+so they work on either backend; only per-channel vectors cross to the host.
 
 Each collective goes through the communication thread in program order and
 waits for its own result: the statistics are needed before the next kernel.
@@ -41,35 +42,29 @@ class BatchNormSync:
         var[...] = self.xp.asarray(g_var.astype(var.dtype))
         return int(total)
 
-    def backward(self, x, gy, gamma, mean, invstd, gx, ggamma, gbeta):
+    def backward(self, k, x, gy, gamma, mean, invstd, gx, ggamma, gbeta):
         """BatchNorm's training backward with the per-channel sums taken over every rank:
-        gx = gamma * invstd * (gy - mean(gy) - (x - mean) * invstd^2 * mean(gy * (x - mean))),
-        formed per sample in float64 and rounded once, as the one-process kernel does."""
-        c = mean.size
-        mean64 = self.to_host(mean).astype(np.float64)
-        invstd64 = self.to_host(invstd).astype(np.float64)
-        gy_h, x_h = self.to_host(gy), self.to_host(x)
+        gx = a * gy - a * k * (x - mean) - a * sum(gy) / M, with a = gamma * invstd and
+        k = sum(gy * (x - mean)) * invstd^2 / M over the global batch of M values per channel.
+
+        The kernel ``k.bn_backward`` gives this rank's sums (exactly, in float64; the input
+        gradient it also writes is overwritten); then gx = a * gy, and ``k.bn_forward_train``
+        adds the affine rest in place (y = x * alpha + shift + residual, y the residual): the
+        backend's kernels only, no temporary of the batch's size."""
+        xp, c = self.xp, mean.size
+        dtype = gx.dtype
+        ggamma = ggamma if ggamma is not None else xp.empty(c, dtype)
+        gbeta = gbeta if gbeta is not None else xp.empty(c, dtype)
+        k.bn_backward(x, gy, gamma, mean, invstd, gx, ggamma, gbeta)
+        inv = self.to_host(invstd).astype(np.float64)
         sums = np.empty(1 + 2 * c)
         sums[0] = gy.size // c
-        sum_gy = sums[1:1 + c]
-        sum_gyxm = sums[1 + c:]
-        sum_gy[...] = 0
-        sum_gyxm[...] = 0
-        for n in range(x_h.shape[0]):            # float64 sums a sample at a time: no batch-sized temporary
-            g = gy_h[n].astype(np.float64)
-            sum_gy += g.sum(axis=(1, 2))
-            sum_gyxm += np.einsum("chw,chw->c", g, x_h[n] - mean64[:, None, None])
-        if gbeta is not None:
-            gbeta[...] = self.xp.asarray(sum_gy.astype(gbeta.dtype))
-        if ggamma is not None:
-            ggamma[...] = self.xp.asarray((invstd64 * sum_gyxm).astype(ggamma.dtype))
+        sums[1:1 + c] = self.to_host(gbeta)                   # sum(gy)
+        sums[1 + c:] = self.to_host(ggamma) / inv             # sum(gy * (x - mean))
         self.comm.allreduce(sums).wait(self.timeout)
-        m = sums[0]
-        a = self.to_host(gamma).astype(np.float64) * invstd64
-        slope = a * invstd64 ** 2 * sums[1 + c:] / m
-        shift = a * sums[1:1 + c] / m - slope * mean64
-        out = np.empty(x_h.shape[1:], gx.dtype)
-        for n in range(x_h.shape[0]):
-            v = a[:, None, None] * gy_h[n] - slope[:, None, None] * x_h[n] - shift[:, None, None]
-            np.copyto(out, v, casting="same_kind")
-            gx[n] = self.xp.asarray(out)
+        a = inv * self.to_host(gamma).astype(np.float64)
+        slope = a * sums[1 + c:] * inv ** 2 / sums[0]
+        shift = slope * self.to_host(mean).astype(np.float64) - a * sums[1:1 + c] / sums[0]
+        xp.multiply(gy, xp.asarray(a.astype(dtype)).reshape(1, c, 1, 1), out=gx)
+        k.bn_forward_train(x, xp.asarray((-slope).astype(dtype)), xp.asarray(shift.astype(dtype)),
+                           xp.zeros(c, dtype), xp.ones(c, dtype), gx, False, gx)

@@ -32,8 +32,11 @@ HEARTBEAT_SECONDS = 1.0
 SILENT_FRACTION = 0.5
 # sleep between two polls of a running collective: MPICH moves a collective only inside MPI calls,
 # and 50 us keeps a small reduction within tens of microseconds of its own time while the compute
-# thread keeps the cores (a spinning poll took one of this machine's two cores from the compute)
+# thread keeps the cores (a spinning poll took one of this machine's two cores from the compute);
+# the sleep doubles while a collective waits for a peer that is behind, up to 1 ms (each poll
+# takes the GIL from the compute thread of this rank)
 POLL_SECONDS = 50e-6
+POLL_MAX_SECONDS = 1e-3
 _HEARTBEAT_TAG = 7
 
 
@@ -141,13 +144,15 @@ class CommThread:
         self.started += 1
         req = start()
         began = time.monotonic()
+        pause = POLL_SECONDS
         while not req.Test():
             now = time.monotonic()
             if now >= self._next_beat:
                 self._beat()
                 if now - began > self.timeout:
                     raise DistributedError(self._diagnose(now))
-            time.sleep(POLL_SECONDS)
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_SECONDS)
         p.seconds = (t0, self.clock())
 
     def _beat(self):

@@ -95,7 +95,7 @@ class BatchNorm2dOp(Op):
         mean = outs[1] if self.training else ins[3]
         invstd = outs[2]
         if self.training and gins[0] is not None and ctx.sync is not None:
-            ctx.sync.backward(x, gy, gamma, mean, invstd, gins[0], gins[1], gins[2])
+            ctx.sync.backward(ctx.k, x, gy, gamma, mean, invstd, gins[0], gins[1], gins[2])
             return
         if self.training and gins[0] is not None:
             ctx.k.bn_backward(x, gy, gamma, mean, invstd, gins[0], gins[1], gins[2])
