@@ -119,8 +119,10 @@ def _train(args, parallel):
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
     print(trainer.plan.summary(top=0))
     if parallel is not None:
+        bn = ("BatchNorm statistics over the global mini-batch" if parallel.bn == "sync" else
+              "BatchNorm statistics per rank (--parallel-bn local: not one process's)")
         print(f"data-parallel over {parallel.size} ranks ({parallel.describe_members()}); --batch-size "
-              f"{args.batch_size} is the global mini-batch")
+              f"{args.batch_size} is the global mini-batch; {bn}")
     config = {"data": args.data, "image_size": train_set.shape[1], "batch_size": args.batch_size,
               "seed": args.seed, "epochs": args.epochs, "optimizer": args.optimizer, "lr": args.lr,
               "schedule": args.schedule, "augment": args.augment}

@@ -11,7 +11,8 @@ from collections import Counter, defaultdict
 
 from .memory.config import format_bytes as fb
 from .schedule import aligned
-from .trace import HOST_COPY, KINDS, REDUCTION_WAIT, STREAMS, MemEvent, Span, Trace, TraceError, memory_curve, step_times
+from .trace import (HOST_COPY, KINDS, REDUCTION_WAIT, STREAMS, MemEvent, Span,
+                    Trace, TraceError, memory_curve, step_times)
 
 COLORS = {"parameter": "#4e79a7", "gradient": "#a0cbe8", "optimizer_state": "#59a14f", "bn_state": "#8cd17d",
           "input": "#b6992d", "activation": "#f28e2b", "activation_gradient": "#ffbe7d", "workspace": "#bab0ac",
