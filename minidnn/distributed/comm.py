@@ -14,6 +14,7 @@ reaching the collective); every waiter then gets a :class:`DistributedError`.
 """
 from __future__ import annotations
 
+import atexit
 import pickle
 import queue
 import threading
@@ -79,8 +80,10 @@ class CommThread:
         self._recvs = {r: self.beats.Irecv(self._inbox[r], source=r, tag=_HEARTBEAT_TAG) for r in peers}
         self._sends = []
         self._next_beat = 0.0
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, name="minidnn-comm", daemon=True)
         self._thread.start()
+        atexit.register(self.close)         # before mpi4py finalizes MPI (registered earlier, runs later)
 
     # -- submitting (any thread) ----------------------------------------------
     def allreduce(self, buf) -> Pending:
@@ -114,9 +117,13 @@ class CommThread:
         return p
 
     def close(self):
-        """Stop the thread once the submitted collectives are done (the communicators stay valid)."""
+        """Stop the thread once the submitted collectives are done; later submissions fail at once."""
+        if self._closed:
+            return
+        self._closed = True
         self._jobs.put(None)
         self._thread.join()
+        self.failure = self.failure or DistributedError(f"rank {self.rank}: the communication thread is closed")
 
     # -- the thread ---------------------------------------------------------
     def _loop(self):
@@ -124,9 +131,16 @@ class CommThread:
             try:
                 job = self._jobs.get(timeout=HEARTBEAT_SECONDS)
             except queue.Empty:
-                self._beat()
+                if self.failure is None:
+                    try:
+                        self._beat()
+                    except self.MPI.Exception as e:
+                        self.failure = DistributedError(f"rank {self.rank}: MPI failed: {e}")
                 continue
             if job is None:
+                for req in self._recvs.values():   # the heartbeats still expected: none will be
+                    req.Cancel()
+                    req.Wait()
                 return
             start, p = job
             if self.failure is None:
