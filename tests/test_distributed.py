@@ -228,3 +228,23 @@ def test_one_rank_trains_what_one_process_trains():
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-14)
     for k in states[0]:
         np.testing.assert_allclose(states[1][k], states[0][k], rtol=1e-12, atol=1e-15, err_msg=k)
+
+
+def test_synchronized_batchnorm_refuses_a_split_into_stages():
+    """bn="exact" splits each BatchNorm into ops whose statistics are not synchronized: refused,
+    naming the way out, before any step runs."""
+    MPI = pytest.importorskip("mpi4py.MPI")
+    import minidnn as mdn
+    from minidnn import nn, optim
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(8 * 8 * 8, 10))
+    net.init_parameters(0)
+    parallel = mdn.distributed.DataParallel(MPI.COMM_WORLD)
+    trainer = mdn.compile(net, (8, 3, 8, 8), nn.CrossEntropyLoss(), optim.SGD(lr=0.1), dtype=np.float64,
+                          memory=mdn.MemoryConfig(budget=0.5, bn="exact"), parallel=parallel)
+    before = {k: np.array(v) for k, v in net.state_dict().items()}
+    with pytest.raises(mdn.DistributedError, match="DataParallel\\(bn='local'\\)"):
+        trainer.step(np.zeros((8, 3, 8, 8)), np.zeros(8, np.int64))
+    trainer.parallel.close()
+    for k, v in net.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])

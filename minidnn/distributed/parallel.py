@@ -40,7 +40,12 @@ class DataParallel:
     DDP by default). ``bucket_bytes``/``tail_bytes``: the gradient buckets'
     sizes (default: :func:`minidnn.distributed.buckets.bucket_sizes`). ``timeout``: seconds a
     collective may wait for the other ranks before failing with a
-    :class:`~minidnn.errors.DistributedError` that names the rank.
+    :class:`~minidnn.errors.DistributedError` that names the rank (work one rank does alone
+    between two steps, such as rank 0 writing a checkpoint, must take less).
+
+    Where the budget splits the mini-batch into sub-batches (BatchNorm per sub-batch, an
+    opt-in that changes the math), a synchronized BatchNorm's statistics are those of the
+    ranks' j-th sub-batches together; a split with ``bn="exact"`` is refused.
     """
 
     def __init__(self, comm=None, bn="sync", bucket_bytes=None, tail_bytes=None, timeout=TIMEOUT_SECONDS):

@@ -9,8 +9,6 @@ each step (waiting for the buckets an update reads).
 """
 from __future__ import annotations
 
-import time
-
 from ..schedule import PARAM_GRAD
 from ..trace import REDUCTION_WAIT
 from .buckets import gradient_buckets, ready_steps
@@ -54,8 +52,6 @@ class Reduction:
     def __init__(self, reducer):
         self.reducer = reducer
         self.pending = [None] * len(reducer.buckets)
-        self.waited = 0.0                      # seconds the compute waited for reductions
-        self.spans = []                        # (bucket, bytes, (start, end)) of each reduction
 
     def start(self, k):
         if self.pending[k] is None:
@@ -72,15 +68,12 @@ class Reduction:
     def wait(self, k, rec=None, i=-1):
         self.start(k)                          # a bucket no step completed (nothing wrote it): now
         p = self.pending[k]
-        if not p.done.is_set():
-            t0 = time.perf_counter()
+        if rec is None or p.done.is_set():
             p.wait()
-            t1 = time.perf_counter()
-            self.waited += t1 - t0
-            if rec is not None:
-                rec.span("compute", f"{REDUCTION_WAIT} of bucket {k}", "stall", i, t0, t1)
-        else:
-            p.wait()
+            return
+        t0 = rec.clock()
+        p.wait()
+        rec.span("compute", f"{REDUCTION_WAIT} of bucket {k}", "stall", i, t0, rec.clock())
 
     def finish(self):
         """Wait for every bucket (all reduced: the mini-batch's gradients are the global ones)."""

@@ -52,12 +52,11 @@ class Replica:
 
     def begin(self, ctx, plan, n_local):
         """Set up ``ctx`` for one mini-batch of which this rank runs ``n_local`` samples."""
-        from ..memory.subbatch import StagedPlan
         if not self.synced:
             self.broadcast_state()
         sig = self._signatures.get(id(plan))
         if sig is None:
-            if isinstance(plan, StagedPlan) and self.bn is not None:
+            if self.bn is not None and _splits_batchnorm(plan):
                 raise DistributedError("synchronized BatchNorm over a mini-batch split with bn='exact' is not "
                                        "supported; use bn='sub-batch' or DataParallel(bn='local')")
             sig = self._signatures[id(plan)] = (plan, plan_signature(plan) if self.bn is not None else 0)
@@ -82,5 +81,15 @@ class Replica:
         return float(total[0])
 
     def close(self):
+        """Stop this rank's communication thread (also done at exit)."""
         self.comm.close()
+
+
+def _splits_batchnorm(plan) -> bool:
+    """Whether ``plan`` runs BatchNorm split into its stats, combine and apply ops (``bn="exact"``),
+    whose statistics are not synchronized across ranks."""
+    from ..memory.subbatch import StagedPlan
+    from ..ops.norm_split import BatchNormCombineOp
+    return isinstance(plan, StagedPlan) and any(isinstance(n.op, BatchNormCombineOp)
+                                                for n in plan.plan.schedule.graph.nodes)
 
