@@ -110,8 +110,9 @@ def _train(args, parallel):
                               mean=mean, std=std, augment=False if args.augment == "none" else args.augment,
                               pad=args.pad, shard=parallel.shard_of if parallel is not None else None)
     test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
+    device = parallel.device(args.device) if parallel is not None else args.device   # a rank: its GPU
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
-                      device=args.device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn,
+                      device=device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn,
                                                           sub_batching=SUB_BATCHING[args.sub_batching]),
                       seed=args.seed, parallel=parallel)
     net.init_parameters(args.seed)        # in place, into the trainer's persistent region

@@ -10,6 +10,12 @@ imported here only, when a CUDA trainer is made data-parallel.
 from __future__ import annotations
 
 
+def device_count() -> int:
+    """The GPUs this process sees."""
+    import cupy
+    return cupy.cuda.runtime.getDeviceCount()
+
+
 class _Done:
     """``threading.Event``'s ``is_set`` over a CUDA event."""
 

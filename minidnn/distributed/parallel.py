@@ -59,6 +59,22 @@ class DataParallel:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.members = []                  # (pid, host) of each rank, once attached
 
+    def device(self, device):
+        """What to pass as ``compile(device=...)`` on this rank: for ``"cuda"``, a CUDA backend on
+        this rank's GPU (the ranks of one machine take its GPUs in turn); anything else as it is."""
+        if device != "cuda":
+            return device
+        node = self.comm.Split_type(_shared_memory(), key=self.rank)
+        try:
+            local = node.Get_rank()
+        finally:
+            node.Free()
+        from ..backend.cuda import create
+        from ..backend.cuda.loader import require
+        require()                                 # BackendUnavailable, naming what is missing
+        from .nccl import device_count
+        return create(device=local % device_count())
+
     @property
     def shard_of(self) -> tuple:
         """(rank, size), as ``DataLoader(shard=...)`` takes it."""
@@ -85,6 +101,11 @@ class DataParallel:
     def describe_members(self) -> str:
         """Who the ranks are (a launcher that reports a failed process names its pid)."""
         return ", ".join(f"rank {r}: pid {pid} on {host}" for r, (pid, host) in enumerate(self.members))
+
+
+def _shared_memory():
+    from mpi4py import MPI
+    return MPI.COMM_TYPE_SHARED
 
 
 def configuration(trainer, schedule, global_shape, parallel) -> dict:
