@@ -176,8 +176,8 @@ def summary(trace, top=10) -> str:
     lines.append(f"stall time  {_ms(st['stall_seconds'])} in {st['stalls']} waits ({share:.1f}% of the iteration); "
                  f"recompute {_ms(st['recompute_seconds'])} in {st['recomputes']} steps")
     if st["reductions"]:
-        lines.append(f"all-reduce  {_ms(st['comm_seconds'])} in {st['reductions']} buckets; exposed communication "
-                     f"{_ms(st['exposed_comm_seconds'])} (the compute waiting for a reduction)")
+        lines.append(f"collectives {_ms(st['comm_seconds'])} in {st['reductions']} (gradient buckets, BatchNorm); "
+                     f"exposed communication {_ms(st['exposed_comm_seconds'])} (the compute waiting for them)")
     gaps = st["plan_gaps"]
     if not trace.planned:
         lines.append("plan vs measured: no planned curve in this trace")

@@ -164,9 +164,12 @@ def test_each_rank_traces_its_reductions_in_their_own_lane(tmp_path):
     for rank in range(2):
         trace = load(str(tmp_path / f"rank{rank}.json"))
         assert problems(trace) == []
-        comm = [s for s in trace.spans if s.stream == "comm"]
+        comm = [s for s in trace.spans if s.stream == "comm" and s.name.startswith("all-reduce bucket")]
         backward = [s for s in trace.spans if s.kind == "backward"]
         assert comm and all(s.kind == "allreduce" and s.nbytes > 0 for s in comm)
+        # ResNet-20's 21 BatchNorms: statistics in the forward, the two sums in the backward
+        bn = [s for s in trace.spans if s.stream == "comm" and s.name.startswith("BatchNorm")]
+        assert len(bn) == 2 * 21
         # the buckets reduced add up to every gradient, and the first starts while the backward runs
         grads = sum(n for _, c, n in trace.persistent if c == "gradient")
         assert sum(s.nbytes for s in comm) == grads

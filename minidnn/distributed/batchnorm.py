@@ -22,6 +22,13 @@ class BatchNormSync:
 
     def __init__(self, comm, timeout, to_host, xp=np):
         self.comm, self.timeout, self.to_host, self.xp = comm, timeout, to_host, xp
+        self.log = None            # a list: (what, bytes, pending, (wait start, end)) of each collective
+
+    def _wait(self, what, nbytes, pending):
+        t0 = self.comm.clock()
+        pending.wait(self.timeout)
+        if self.log is not None:
+            self.log.append((what, nbytes, pending, (t0, self.comm.clock())))
 
     def statistics(self, mean, var, count) -> int:
         """Replace this rank's ``mean`` and biased ``var`` (of ``count`` values per channel) by the
@@ -32,7 +39,7 @@ class BatchNormSync:
         send[1:1 + c] = self.to_host(mean)
         send[1 + c:] = self.to_host(var)
         recv = np.empty((self.comm.size, send.size))
-        self.comm.allgather(send, recv).wait(self.timeout)
+        self._wait("BatchNorm statistics", recv.nbytes, self.comm.allgather(send, recv))
         n = recv[:, :1]
         total = n.sum()
         means, variances = recv[:, 1:1 + c], recv[:, 1 + c:]
@@ -61,7 +68,7 @@ class BatchNormSync:
         sums[0] = gy.size // c
         sums[1:1 + c] = self.to_host(gbeta)                   # sum(gy)
         sums[1 + c:] = self.to_host(ggamma) / inv             # sum(gy * (x - mean))
-        self.comm.allreduce(sums).wait(self.timeout)
+        self._wait("BatchNorm gradient sums", sums.nbytes, self.comm.allreduce(sums))
         a = inv * self.to_host(gamma).astype(np.float64)
         slope = a * sums[1 + c:] * inv ** 2 / sums[0]
         shift = slope * self.to_host(mean).astype(np.float64) - a * sums[1:1 + c] / sums[0]

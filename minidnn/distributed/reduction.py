@@ -52,6 +52,7 @@ class Reduction:
     def __init__(self, reducer):
         self.reducer = reducer
         self.pending = [None] * len(reducer.buckets)
+        self.others = []        # the step's other collectives: (what, bytes, pending, (wait start, end))
 
     def start(self, k):
         if self.pending[k] is None:
@@ -81,7 +82,12 @@ class Reduction:
             self.wait(k)
 
     def record(self, rec):
-        """The finished reductions as spans of the ``comm`` lane of trace Recorder ``rec``."""
+        """The finished reductions as spans of the ``comm`` lane of trace Recorder ``rec``, and
+        the other collectives (BatchNorm's), with the compute's waits for them as stalls."""
         for k, p in enumerate(self.pending):
             if p is not None and p.done.is_set() and p.seconds is not None:
                 rec.span("comm", f"all-reduce bucket {k}", "allreduce", -1, *p.seconds, self.reducer.buckets[k].nbytes)
+        for what, nbytes, p, (t0, t1) in self.others:
+            if p.seconds is not None:
+                rec.span("comm", what, "allreduce", -1, *p.seconds, nbytes)
+            rec.span("compute", f"{REDUCTION_WAIT}: {what}", "stall", -1, t0, t1)

@@ -71,6 +71,8 @@ class Replica:
         ctx.loss_scale = self.share
         ctx.sync = self.bn
         ctx.grads = self.reducer.begin()
+        if self.bn is not None:
+            self.bn.log = ctx.grads.others
         return ctx
 
     def end(self, ctx, loss) -> float:
