@@ -27,6 +27,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--budget", default=None, help="bytes or a fraction of the liveness peak")
+    p.add_argument("--policy", default="auto")
     p.add_argument("--sub-batches", action="store_true", help="a budget only a split of the mini-batch fits")
     p.add_argument("--bn", default="sync")
     p.add_argument("--bucket-bytes", type=int, default=4096)
@@ -50,7 +51,7 @@ def main(argv=None):
     budget = args.budget
     if budget is not None:
         budget = float(budget) if "." in budget else int(budget)
-    memory = mdn.MemoryConfig(budget=budget, sub_batching=True, algorithms="default")
+    memory = mdn.MemoryConfig(budget=budget, sub_batching=True, algorithms="default", policy=args.policy)
     trainer = mdn.compile(net, (args.batch, *image), nn.CrossEntropyLoss(),
                           optim.SGD(lr=args.lr, momentum=0.9, weight_decay=5e-4), memory=memory,
                           dtype=np.dtype(args.dtype), parallel=parallel)
@@ -59,6 +60,10 @@ def main(argv=None):
     elif budget is not None:
         kinds = {s.kind for s in trainer.plan.program.steps} if hasattr(trainer.plan, "program") else set()
         assert kinds & {"offload", "recompute"}, "the budget evicted nothing (or split the mini-batch)"
+        if args.policy == "recompute":
+            from minidnn.ops.norm import BatchNorm2dOp
+            assert any(s.kind == "recompute" and isinstance(s.node.op, BatchNorm2dOp)
+                       for s in trainer.plan.program.steps), "no BatchNorm recomputed"
     rng = np.random.default_rng(1)
     sizes = [args.batch] * args.steps + ([args.last_batch] if args.last_batch else [])
     losses = []

@@ -61,6 +61,8 @@ CASES = {
     "resnet20-f64": ["--model", "resnet20", "--dtype", "float64"],
     "resnet20-f32": ["--model", "resnet20", "--dtype", "float32", "--lr", "0.01"],
     "resnet20-budget": ["--model", "resnet20", "--dtype", "float64", "--budget", "0.8"],
+    # BatchNorms recomputed in the backward: their statistics gathered again, in the same order on every rank
+    "resnet20-recompute": ["--model", "resnet20", "--dtype", "float64", "--budget", "0.8", "--policy", "recompute"],
 }
 
 
