@@ -52,7 +52,11 @@ class DataParallel:
         if bn not in ("sync", "local"):
             raise ValueError(f"DataParallel: bn must be 'sync' or 'local', got {bn!r}")
         if comm is None:
-            from mpi4py import MPI
+            try:
+                from mpi4py import MPI
+            except ImportError as e:
+                raise DistributedError(f"data-parallel training needs mpi4py ({e}): pip install 'minidnn[mpi]'") \
+                    from None
             comm = MPI.COMM_WORLD
         self.comm, self.bn = comm, bn
         self.bucket_bytes, self.tail_bytes, self.timeout = bucket_bytes, tail_bytes, float(timeout)
