@@ -7,8 +7,9 @@ mini-batch on 1 and on 2 ranks (``mpiexec -n N``, one thread each:
 OMP_NUM_THREADS=1) and reports per rank count the median step time, the time
 the gradient buckets' all-reduces took on the communication thread (waiting for
 the other rank included), the exposed communication (the time the compute
-waited for a bucket's reduction) and the time synchronized BatchNorm waited
-for its statistics and sums (from each step's trace). On a machine with as many cores as ranks no speed-up is expected from
+waited for a bucket's reduction), the tail (from the end of the backward to the
+end of the last reduction) and the time synchronized BatchNorm waited for its
+statistics and sums (from each step's trace). On a machine with as many cores as ranks no speed-up is expected from
 2 ranks (the cores are the same); the figure is how much of the reduction the
 backward hides. Writes ``distributed_measured.json`` to ``--out``.
 """
@@ -41,7 +42,7 @@ def worker(args):
     x = rng.standard_normal((args.batch, 3, 32, 32), dtype=np.float32)
     y = rng.integers(0, 10, size=args.batch)
     lo, hi = shard_range(args.batch, rank, size)
-    times, comm, exposed, bn = [], [], [], []
+    times, comm, exposed, bn, tail = [], [], [], [], []
     for t in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         trainer.step(x[lo:hi], y[lo:hi])
@@ -52,6 +53,9 @@ def worker(args):
             comm.append(sum(s.end - s.start for s in spans if s.name.startswith("all-reduce bucket")))
             exposed.append(sum(s.end - s.start for s in spans if s.name.startswith(f"{REDUCTION_WAIT} of bucket")))
             bn.append(sum(s.end - s.start for s in spans if s.name.startswith(f"{REDUCTION_WAIT}: BatchNorm")))
+            buckets_end = [s.end for s in spans if s.name.startswith("all-reduce bucket")]
+            backward_end = max((s.end for s in spans if s.kind == "backward"), default=0.0)
+            tail.append(max(0.0, max(buckets_end, default=backward_end) - backward_end))
     if parallel is not None:
         buckets = len(trainer.parallel.reducer.buckets)
         trainer.parallel.close()
@@ -60,7 +64,7 @@ def worker(args):
     if rank == 0:
         print(json.dumps({"ranks": size, "global_batch": args.batch, "step_seconds": float(np.median(times)),
                           "allreduce_seconds": float(np.median(comm)), "exposed_seconds": float(np.median(exposed)),
-                          "batchnorm_wait_seconds": float(np.median(bn)),
+                          "batchnorm_wait_seconds": float(np.median(bn)), "tail_seconds": float(np.median(tail)),
                           "buckets": buckets, "steps": args.steps}))
 
 
@@ -80,14 +84,14 @@ def measure(args):
     print(f"ResNet-20 CIFAR, global batch {args.batch}, one thread per rank, BatchNorm {args.bn}, "
           f"median of {args.steps} steps")
     print(f"{'ranks':>5} {'step':>10} {'vs 1':>6} {'all-reduce':>11} {'exposed':>9} {'hidden':>7} {'buckets':>7} "
-          f"{'BN waits':>9}")
+          f"{'tail':>8} {'BN waits':>9}")
     for r in rows:
         hidden = 1 - r["exposed_seconds"] / r["allreduce_seconds"] if r["allreduce_seconds"] else float("nan")
         r["hidden_share"] = hidden
         print(f"{r['ranks']:>5} {r['step_seconds'] * 1e3:>8.1f}ms {base / r['step_seconds']:>5.2f}x "
               f"{r['allreduce_seconds'] * 1e3:>9.1f}ms {r['exposed_seconds'] * 1e3:>7.1f}ms "
               f"{hidden * 100 if r['allreduce_seconds'] else 0:>6.1f}% {r['buckets']:>7} "
-              f"{r['batchnorm_wait_seconds'] * 1e3:>7.1f}ms")
+              f"{r['tail_seconds'] * 1e3:>6.1f}ms {r['batchnorm_wait_seconds'] * 1e3:>7.1f}ms")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "distributed_measured.json"), "w") as f:
         json.dump({"bn": args.bn, "rows": rows}, f, indent=1)
