@@ -11,7 +11,8 @@ ready (their last gradient written).
 The bucket that becomes ready last holds the network's first layers. Whatever
 of the communication is left when the backward ends is at least that bucket's
 reduction, so it is cut small (``tail_bytes``): the tail after the backward is
-one short reduction.
+one short reduction. The first one ready is as small, so that communication
+starts early in the backward (as PyTorch DDP's first bucket).
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def gradient_buckets(schedule, bucket_bytes=None, tail_bytes=None) -> list:
     """The gradient buckets of ``schedule``'s persistent region, in the order they become ready.
 
     Each holds whole gradients adjacent in the region, at most ``bucket_bytes``
-    (``tail_bytes`` for the one ready last) unless a single gradient is larger;
+    (``tail_bytes`` for the first and the last ready) unless a single gradient is larger;
     sizes not given are :func:`bucket_sizes`'. A ValueError if a size is not positive.
     """
     grads = [t for t in schedule.tensors if t.category == PARAM_GRAD]
@@ -88,9 +89,16 @@ def gradient_buckets(schedule, bucket_bytes=None, tail_bytes=None) -> list:
             run = []
     if run:
         runs.append(run)
-    # cut each run from its end (the gradients written last), the first cut at tail_bytes
-    groups, cap = [], tail_bytes
-    for run in reversed(runs):
+    if not runs:
+        return []
+    # the region's first gradients (the first written) make a first bucket of at most tail_bytes,
+    # so communication starts early; the rest is cut from its end, the first cut at tail_bytes
+    head, size = [], 0
+    while runs[0] and (not head or size + aligned(schedule.tensor(runs[0][0]).nbytes) <= tail_bytes):
+        size += aligned(schedule.tensor(runs[0][0]).nbytes)
+        head.append(runs[0].pop(0))
+    groups, cap = [head], tail_bytes
+    for run in reversed([r for r in runs if r]):
         group, size = [], 0
         for tid in reversed(run):
             nbytes = aligned(schedule.tensor(tid).nbytes)
