@@ -253,3 +253,20 @@ def test_synchronized_batchnorm_refuses_a_split_into_stages():
     trainer.parallel.close()
     for k, v in net.state_dict().items():
         np.testing.assert_array_equal(v, before[k])
+
+
+def test_a_rank_given_the_global_batch_is_refused():
+    """Each rank takes its slice: one given more than the compiled global mini-batch (all of it,
+    on two ranks) is refused before the step changes anything."""
+    MPI = pytest.importorskip("mpi4py.MPI")
+    import minidnn as mdn
+    from minidnn import nn, optim
+    from dist_worker import small_cnn
+    net = small_cnn()
+    net.init_parameters(0)
+    trainer = mdn.compile(net, (4, 3, 8, 8), nn.CrossEntropyLoss(), optim.SGD(lr=0.1),
+                          parallel=mdn.distributed.DataParallel(MPI.COMM_WORLD))
+    with pytest.raises(mdn.DistributedError, match="more than the global mini-batch of 4"):
+        trainer.step(np.zeros((8, 3, 8, 8)), np.zeros(8, np.int64))
+    assert trainer.steps_done == 0
+    trainer.parallel.close()

@@ -100,7 +100,7 @@ class DataParallel:
         """Check that every rank compiled the same thing, then start this rank's communication."""
         from .replica import Replica
         self.members = check_same(self.comm, configuration(trainer, schedule, global_shape, self))
-        return Replica(self, trainer)
+        return Replica(self, trainer, global_shape[0])
 
     def describe_members(self) -> str:
         """Who the ranks are (a launcher that reports a failed process names its pid)."""

@@ -21,8 +21,8 @@ from .reduction import GradientReducer
 
 
 class Replica:
-    def __init__(self, parallel, trainer):
-        self.parallel, self.trainer = parallel, trainer
+    def __init__(self, parallel, trainer, global_batch):
+        self.parallel, self.trainer, self.global_batch = parallel, trainer, global_batch
         self.rank, self.size = parallel.rank, parallel.size
         backend = trainer.backend
         self.comm = CommThread(parallel.comm, parallel.timeout, backend.clock)
@@ -67,7 +67,11 @@ class Replica:
             counts = ", ".join(f"rank {r}: {int(n)}" for r, n in enumerate(every[:, 0]))
             raise DistributedError(f"the ranks' plans differ in their BatchNorm steps (local batches {counts}); "
                                    f"use a global batch that is a multiple of {self.size} or a larger budget")
-        self.share = n_local / int(every[:, 0].sum())
+        total = int(every[:, 0].sum())
+        if total > self.global_batch:
+            raise DistributedError(f"the ranks' slices add up to {total} samples, more than the global mini-batch "
+                                   f"of {self.global_batch}: give each rank its slice (DataLoader(shard=...))")
+        self.share = n_local / total
         ctx.loss_scale = self.share
         ctx.sync = self.bn
         ctx.grads = self.reducer.begin()
