@@ -17,14 +17,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 OPENBLAS_LOADED_BEFORE = "OPENBLAS_THREAD_TIMEOUT" not in os.environ and "numpy" in sys.modules
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
-from . import nn, optim  # noqa: E402
-from .errors import (BackendUnavailable, CheckpointError, ConfigError, DataError,  # noqa: E402
+from . import distributed, nn, optim  # noqa: E402
+from .errors import (BackendUnavailable, CheckpointError, ConfigError, DataError, DistributedError,  # noqa: E402
                      MemoryBudgetError, MinidnnError, NumericalError, ShapeError)
 from .memory import MemoryConfig  # noqa: E402
 from .trainer import Trainer, compile  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["nn", "optim", "compile", "Trainer", "MemoryConfig", "ShapeError", "MemoryBudgetError",
+__all__ = ["nn", "optim", "distributed", "compile", "Trainer", "MemoryConfig", "ShapeError", "MemoryBudgetError",
            "BackendUnavailable", "DataError", "CheckpointError", "NumericalError", "ConfigError",
-           "MinidnnError"]
+           "DistributedError", "MinidnnError"]

@@ -8,6 +8,7 @@ saves a checkpoint and exits with 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 
 import numpy as np
 
-from .errors import CheckpointError, ConfigError, MemoryBudgetError, MinidnnError
+from .errors import CheckpointError, ConfigError, DistributedError, MemoryBudgetError, MinidnnError
 
 STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
               "per step: epoch, batch, step, loss, lr) and metrics.jsonl (one line per epoch: loss, test "
@@ -131,7 +132,19 @@ def _check_train(args):
 
 
 def cmd_train(args):
-    """``minidnn train``: train, log, checkpoint every epoch and on Ctrl-C, resume exactly."""
+    """``minidnn train``: train, log, checkpoint every epoch and on Ctrl-C, resume exactly.
+
+    Under ``mpiexec -n N`` (N > 1) each process is one data-parallel rank; rank 0 alone
+    prints, logs and checkpoints."""
+    from .distributed import launched
+    parallel = launched(bn=args.parallel_bn)
+    if parallel is not None and parallel.rank:
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            return _train(args, parallel)
+    return _train(args, parallel)
+
+
+def _train(args, parallel):
     from . import MemoryConfig, compile, models, nn
     from .data import DataLoader, load
     from .training import fit, read_checkpoint
@@ -148,7 +161,7 @@ def cmd_train(args):
     mean, std = _normalization(train_set)
     train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=False, seed=args.seed,
                               mean=mean, std=std, augment=False if args.augment == "none" else args.augment,
-                              pad=args.pad)
+                              pad=args.pad, shard=parallel.shard_of if parallel is not None else None)
     test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
     if args.trace_dir:
         start = (resume.meta["epoch"] * len(train_loader) + resume.meta["batch"]) if resume is not None else 0
@@ -157,14 +170,20 @@ def cmd_train(args):
             raise ConfigError(f"--trace-step {args.trace_step} lies past the last step of this run ({steps} steps: "
                               f"{args.epochs} epochs of {len(train_loader)} batches"
                               + (f", {start} done by the checkpoint)" if start else ")"))
+    device = parallel.device(args.device) if parallel is not None else args.device   # a rank: its GPU
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
-                      device=args.device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn,
+                      device=device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn,
                                                           sub_batching=SUB_BATCHING[args.sub_batching]),
-                      seed=args.seed)
+                      seed=args.seed, parallel=parallel)
     net.init_parameters(args.seed)        # in place, into the trainer's persistent region
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
     print(trainer.plan.summary(top=0))
+    if parallel is not None:
+        bn = ("BatchNorm statistics over the global mini-batch" if parallel.bn == "sync" else
+              "BatchNorm statistics per rank (--parallel-bn local: not one process's)")
+        print(f"data-parallel over {parallel.size} ranks ({parallel.describe_members()}); --batch-size "
+              f"{args.batch_size} is the global mini-batch; {bn}")
     config = {k: getattr(args, k) for k in RUN_DEFAULTS if k != "model"}
     config["image_size"] = train_set.shape[1]
     if resume is not None:
@@ -175,6 +194,9 @@ def cmd_train(args):
                   "checkpoint; the resumed run will not repeat the original", file=sys.stderr)
     run_info = {"config": config, "normalization": {"mean": mean, "std": std}}
     on_step = None
+    lead = parallel is None or parallel.rank == 0        # the rank that logs and checkpoints
+    if args.trace_dir and parallel is not None:          # each rank its own trace
+        args.trace_dir = os.path.join(args.trace_dir, f"rank{parallel.rank}")
     if args.trace_dir:
         trainer.recorder.every = 1
         seen = []
@@ -185,9 +207,9 @@ def cmd_train(args):
                 paths = write_trace(trainer.trace, args.trace_dir)
                 print(f"memory trace of step {args.trace_step}: {', '.join(paths)}")
     try:
-        hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=args.out,
-                   model_name=args.model, resume=resume, progress=not args.no_progress,
-                   metrics_path=args.metrics, run_info=run_info, on_step=on_step,
+        hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=args.out if lead else None,
+                   model_name=args.model, resume=resume, progress=not args.no_progress and lead,
+                   metrics_path=args.metrics if lead else None, run_info=run_info, on_step=on_step,
                    reset_optimizer=args.reset_optimizer)
     except KeyboardInterrupt:
         ckpt = os.path.join(args.out, "checkpoint.safetensors")
@@ -347,7 +369,8 @@ def parser():
     t.add_argument("--data", default=None, help="digits | mnist:DIR | fashion-mnist:DIR | cifar10:DIR | "
                    "cifar100:DIR | imagefolder:DIR | synthetic:CxHxW[:classes=K][:n=N] (default: digits)")
     t.add_argument("--epochs", type=int, default=None, help="default: 30")
-    t.add_argument("--batch-size", type=int, default=None, help="default: 32")
+    t.add_argument("--batch-size", type=int, default=None, help="the global mini-batch: under mpiexec -n N each rank trains on its 1/N "
+                   "slice of it, so N does not change what is trained (default: 32)")
     t.add_argument("--image-size", type=int, default=None, help="resize images to this size (bilinear)")
     t.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default=None, help="default: sgd")
     t.add_argument("--lr", type=float, default=None, help="initial learning rate (default: 0.05)")
@@ -368,6 +391,9 @@ def parser():
                         "(needed), also when that is predicted faster than evicting and keeps the step's "
                         "meaning (fastest), or never (off)")
     t.add_argument("--device", default="cpu", help="cpu | cuda")
+    t.add_argument("--parallel-bn", choices=["sync", "local"], default="sync",
+                   help="under mpiexec: BatchNorm statistics over the global mini-batch (sync, the meaning "
+                        "of one process) or each rank's slice (local, as PyTorch DDP by default)")
     t.add_argument("--out", default="runs/latest", help="folder for the checkpoint and logs (see below)")
     t.add_argument("--metrics", default=None, help="per-epoch metrics JSONL file (default OUT/metrics.jsonl)")
     t.add_argument("--resume", default=None, metavar="CHECKPOINT",
@@ -464,6 +490,9 @@ def main(argv=None):
             raise
         # One line, whatever the cause: its message may span lines (a shape error listing inputs).
         print(f"minidnn: error: {' '.join(str(e).split())}", file=sys.stderr)
+        if isinstance(e, DistributedError):        # a rank failed: stop every rank, none waits on it
+            from .distributed.launch import abort
+            abort(2)
         return 2
 
 

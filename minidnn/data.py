@@ -14,6 +14,7 @@ import zlib
 
 import numpy as np
 
+from .distributed.parallel import shard_range
 from .errors import DataError
 
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -345,9 +346,13 @@ class DataLoader:
     """
 
     def __init__(self, dataset, batch_size, shuffle=True, drop_last=False, seed=0,
-                 mean=None, std=None, augment=False, prefetch=2, pad=4):
+                 mean=None, std=None, augment=False, prefetch=2, pad=4, shard=None):
         if batch_size < 1 or prefetch < 0:
             raise DataError(f"batch_size must be >= 1 and prefetch >= 0, got {batch_size}, {prefetch}")
+        # data-parallel (rank, ranks): each batch is this rank's slice of the global batch_size
+        self.shard = tuple(shard) if shard is not None else (0, 1)
+        if batch_size < self.shard[1]:
+            raise DataError(f"a batch of {batch_size} cannot be shared by {self.shard[1]} ranks")
         self.dataset, self.batch_size = dataset, int(batch_size)
         if augment not in (False, True, "crop", "crop+flip"):
             raise DataError(f"augment must be False, 'crop' or 'crop+flip' (True), got {augment!r}")
@@ -370,7 +375,9 @@ class DataLoader:
 
     def __len__(self):
         n = len(self.dataset)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        # a last partial batch with fewer samples than ranks is dropped, on every rank alike
+        full, rest = divmod(n, self.batch_size)
+        return full + (not self.drop_last and rest >= self.shard[1] and rest > 0)
 
     def set_epoch(self, epoch):
         """Select the epoch whose shuffle and augmentation the next pass uses."""
@@ -384,14 +391,15 @@ class DataLoader:
         """Restore what :meth:`state_dict` returned."""
         self.epoch, self.seed = int(state["epoch"]), int(state["seed"])
 
-    def _augment(self, x, rng):
+    def _augment(self, x, rng, b, rows):
         # The standard CIFAR recipe on raw pixels: zero-pad, random crop back, random flip
-        # (no flip with "crop": it would turn digits into other symbols).
-        b, _, h, w = x.shape
+        # (no flip with "crop": it would turn digits into other symbols). The draws are the
+        # whole batch's (b images); x holds its ``rows``.
+        _, _, h, w = x.shape
         p = self.pad
         padded = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
-        offsets = rng.integers(0, 2 * p + 1, size=(b, 2))
-        flips = rng.random(b) < 0.5
+        offsets = rng.integers(0, 2 * p + 1, size=(b, 2))[rows]
+        flips = (rng.random(b) < 0.5)[rows]
         if self.augment == "crop":
             flips[:] = False
         out = np.empty_like(x)
@@ -405,10 +413,12 @@ class DataLoader:
         n = len(self.dataset)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         for b in range(len(self)):
-            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+            batch = order[b * self.batch_size:(b + 1) * self.batch_size]
+            rows = slice(*shard_range(len(batch), *self.shard))
+            idx = batch[rows]
             x = np.asarray(self.dataset.images[idx], dtype=np.float32)
             if self.augment:
-                x = self._augment(x, rng)
+                x = self._augment(x, rng, len(batch), rows)
             if self._mean is not None:
                 x = (x - self._mean) / self._std
             yield np.ascontiguousarray(x, dtype=np.float32), np.asarray(self.dataset.labels[idx], dtype=np.int64)

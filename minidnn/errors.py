@@ -39,3 +39,7 @@ class NumericalError(MinidnnError, FloatingPointError):
 
 class ConfigError(MinidnnError, ValueError):
     """An argument is outside its range (a NaN learning rate, a momentum of 2, ...); the message names it."""
+
+
+class DistributedError(MinidnnError, RuntimeError):
+    """Data-parallel ranks disagree (their configurations differ) or one failed; the message names it."""

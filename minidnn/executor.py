@@ -35,6 +35,8 @@ class Context:
     accumulate: tuple = ()    # the current backward adds into these inputs' gradients
     xp: object = np           # the array module of the backend (numpy, cupy)
     conv: object = None       # the backend's convolution algorithms (ops.conv_algos on the CPU)
+    sync: object = None       # data-parallel: takes BatchNorm's statistics over every rank's batch
+    grads: object = None      # data-parallel: starts each gradient bucket's reduction, waits for it
 
     def __post_init__(self):
         if self.conv is None:
@@ -217,6 +219,8 @@ class Executor:
                     if ev is not None:
                         self._wait(ev, tr, i, f"wait for prefetch {plan.program.tensors[tid].name}")
             ctx.algo, ctx.accumulate = step.algo, step.accumulate
+            if ctx.grads is not None:              # an update waits for its gradients' reduction
+                ctx.grads.before(plan, i, tr.rec if tr else None)
             t0 = time.perf_counter() if profile or tr else 0.0
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)
@@ -252,6 +256,8 @@ class Executor:
                 times.append(time.perf_counter() - t0)
             if tr and kind not in ("offload", "prefetch"):
                 tr.rec.span("compute", step.label, kind, i, t0, time.perf_counter())
+            if ctx.grads is not None:              # a bucket whose last gradient this step wrote
+                ctx.grads.after(plan, i, tr.rec if tr else None)
             if i == last:
                 fetched = {tid: np.array(self.backend.to_host(b.view(tid, i))) for tid in b.fetch}
             for off, size, tid, wait in b.frees[i]:
@@ -266,6 +272,8 @@ class Executor:
         if profile:
             self.step_seconds = times
         if tr:
+            if ctx.grads is not None:
+                ctx.grads.record(tr.rec)
             tr.end(t, high)
         return fetched
 

@@ -31,8 +31,10 @@ from .errors import MinidnnError
 from .schedule import ACT, ACT_GRAD, INPUT, PERSISTENT, WORKSPACE
 
 FORMAT, VERSION = "minidnn-trace", 2      # version 2 adds the "sha256" of the "minidnn" copy
-STREAMS = ("compute", "copy")
-KINDS = ("load", "forward", "backward", "recompute", "accumulate", "update", "offload", "prefetch", "stall")
+STREAMS = ("compute", "copy", "comm")       # comm: data-parallel reductions, on their own lane
+KINDS = ("load", "forward", "backward", "recompute", "accumulate", "update", "offload", "prefetch", "stall",
+         "allreduce")
+REDUCTION_WAIT = "wait for reduction"       # the name of a stall in which the compute waits for a reduction
 HOST_COPY = "host_copy"                       # category of a copy held in the host store
 CATEGORIES = PERSISTENT + (INPUT, ACT, ACT_GRAD, WORKSPACE)   # device categories, bottom to top
 
@@ -48,7 +50,7 @@ class TraceError(MinidnnError, ValueError):
 class Span:
     """Work on one stream: a step's kernel, a copy, or a stall (the compute stream waiting for a copy)."""
 
-    stream: str          # "compute" or "copy"
+    stream: str          # "compute", "copy" or "comm"
     name: str            # the step's label, e.g. "layer1.0.conv1:conv2d" or "offload relu:relu"
     kind: str            # one of KINDS
     step: int            # index of the program step (-1 if none)
@@ -303,7 +305,7 @@ def step_times(trace) -> dict:
 
 # -- exports ---------------------------------------------------------------------------------
 
-_PID, _HOST_PID, _TID = 1, 2, {"compute": 1, "copy": 2}
+_PID, _HOST_PID, _TID = 1, 2, {"compute": 1, "copy": 2, "comm": 3}
 
 
 def _us(t) -> float:
@@ -316,7 +318,10 @@ def to_chrome(trace) -> dict:
           {"name": "process_sort_index", "ph": "M", "pid": _PID, "args": {"sort_index": 0}},
           {"name": "process_name", "ph": "M", "pid": _HOST_PID, "args": {"name": "host store"}},
           {"name": "process_sort_index", "ph": "M", "pid": _HOST_PID, "args": {"sort_index": 1}}]
+    used = {s.stream for s in trace.spans}
     for stream, tid in _TID.items():
+        if stream == "comm" and stream not in used:     # a lane for reductions only where there are some
+            continue
         ev.append({"name": "thread_name", "ph": "M", "pid": _PID, "tid": tid, "args": {"name": f"{stream} stream"}})
         ev.append({"name": "thread_sort_index", "ph": "M", "pid": _PID, "tid": tid, "args": {"sort_index": tid}})
     for s in trace.spans:

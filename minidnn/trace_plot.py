@@ -11,7 +11,8 @@ from collections import Counter, defaultdict
 
 from .memory.config import format_bytes as fb
 from .schedule import aligned
-from .trace import HOST_COPY, KINDS, STREAMS, MemEvent, Span, Trace, TraceError, memory_curve, step_times
+from .trace import (HOST_COPY, KINDS, REDUCTION_WAIT, STREAMS, MemEvent, Span,
+                    Trace, TraceError, memory_curve, step_times)
 
 COLORS = {"parameter": "#4e79a7", "gradient": "#a0cbe8", "optimizer_state": "#59a14f", "bn_state": "#8cd17d",
           "input": "#b6992d", "activation": "#f28e2b", "activation_gradient": "#ffbe7d", "workspace": "#bab0ac",
@@ -122,6 +123,9 @@ def stats(trace) -> dict:
         "prefetches_in_backward": sum(bool(bwd) and min(bwd) <= s.start <= max(bwd) for s in pref),
         "copy_seconds": copy_busy, "overlap": _overlap(copies, compute) / copy_busy if copy_busy else 1.0,
         "stall_seconds": by_kind["stall"], "stalls": sum(s.kind == "stall" for s in trace.spans),
+        "comm_seconds": by_kind["allreduce"], "reductions": sum(s.kind == "allreduce" for s in trace.spans),
+        "exposed_comm_seconds": sum(s.end - s.start for s in trace.spans
+                                    if s.kind == "stall" and s.name.startswith(REDUCTION_WAIT)),
         "recompute_seconds": by_kind["recompute"], "recomputes": sum(s.kind == "recompute" for s in trace.spans),
         "seconds_by_kind": dict(by_kind), "host_peak_bytes": max(r[4] for r in rows), "host_bytes": trace.host_bytes,
         "plan_steps_compared": len([s for s in measured if s in planned]), "plan_gaps": gaps,
@@ -193,6 +197,9 @@ def summary(trace, top=10) -> str:
     share = st["stall_seconds"] / st["seconds"] * 100 if st["seconds"] else 0.0
     lines.append(f"stall time  {_ms(st['stall_seconds'])} in {st['stalls']} waits ({share:.1f}% of the iteration); "
                  f"recompute {_ms(st['recompute_seconds'])} in {st['recomputes']} steps")
+    if st["reductions"]:
+        lines.append(f"collectives {_ms(st['comm_seconds'])} in {st['reductions']} (gradient buckets, BatchNorm); "
+                     f"exposed communication {_ms(st['exposed_comm_seconds'])} (the compute waiting for them)")
     gaps = st["plan_gaps"]
     if not trace.planned:
         lines.append("plan vs measured: no planned curve in this trace")

@@ -26,9 +26,10 @@ class Trainer:
     """
 
     def __init__(self, net, input_shape, loss, optimizer, device="cpu", memory=None, dtype=np.float32, seed=0,
-                 trace_every=1):
+                 trace_every=1, parallel=None):
         self.net, self.loss, self.optimizer = net, loss, optimizer
-        self.input_shape = tuple(input_shape)
+        # data-parallel: input_shape's batch is the global one; this rank compiles its slice
+        self.input_shape = parallel.local_shape(input_shape) if parallel is not None else tuple(input_shape)
         self.dtype = np.dtype(dtype)
         self.memory = memory if isinstance(memory, MemoryConfig) else MemoryConfig(budget=memory)
         self.backend = get_backend(device)
@@ -48,6 +49,7 @@ class Trainer:
         first = self._schedule(self.input_shape, training=True)
         self.store = PersistentStore(self.backend, first, optimizer)
         self.executor = Executor(self.backend, self.store, poison=self.memory.poison, check=self.memory.check)
+        self.parallel = parallel.attach(self, first, tuple(input_shape)) if parallel is not None else None
         self.recorder = Recorder(every=trace_every, clock=self.backend.clock) if trace_every else None
         self.cost = None
         if self.memory.profile == "measured":          # a profiling pass on the running backend
@@ -151,7 +153,11 @@ class Trainer:
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
+        if self.parallel is not None:
+            self.parallel.begin(ctx, plan, x.shape[0])
         loss = plan.run(self.executor, ctx, x, y, self.optimizer, self.steps_done + 1, self.recorder)
+        if self.parallel is not None:
+            loss = self.parallel.end(ctx, loss)
         self.steps_done += 1
         for m in self.net.modules():
             nbt = getattr(m, "num_batches_tracked", None)
@@ -190,12 +196,15 @@ class Trainer:
 
 
 def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, dtype=np.float32, seed=0,
-            trace_every=1) -> Trainer:
+            trace_every=1, parallel=None) -> Trainer:
     """Trace ``net`` with ``loss`` at ``input_shape`` (batch first), plan memory, and return a Trainer.
 
     ``memory`` is a :class:`MemoryConfig`, a budget (bytes, ``"512MiB"``, a
     fraction of the liveness peak) or None for no limit. ``seed`` seeds the
     trainer's own random stream (dropout), so seeded runs repeat bit for bit.
     Every ``trace_every``-th training step is recorded (``trainer.trace``; 0: none).
+    With ``parallel`` (a :class:`minidnn.distributed.DataParallel`), this process is one rank of
+    data-parallel training: ``input_shape``'s batch is the global mini-batch, and ``step`` takes
+    this rank's slice of it (``DataLoader(shard=parallel.shard_of)``).
     """
-    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every)
+    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel)

@@ -1,5 +1,5 @@
 """Gradient buckets: contiguous ranges of the persistent region, ordered by when the schedule
-writes their last gradient, the last one small."""
+writes their last gradient, the first and the last one small."""
 import minidnn as mdn  # noqa: F401  first (see conftest)
 import numpy as np
 import pytest
@@ -34,7 +34,7 @@ def test_buckets_partition_the_gradients_in_order_of_readiness(bucket_bytes, tai
         # contiguous: the range holds nothing but its gradients (and their padding)
         assert b.nbytes == sum(aligned(sched.tensor(t).nbytes) for t in b.grads)
         single = len(b.grads) == 1
-        cap = tail_bytes if b is buckets[-1] else bucket_bytes
+        cap = tail_bytes if b is buckets[-1] or b is buckets[0] else bucket_bytes
         assert single or b.nbytes <= cap
     # ranges are disjoint and cover the gradients' part of the region
     spans = sorted((b.start, b.stop) for b in buckets)
@@ -84,3 +84,15 @@ def test_ready_steps_of_a_sub_batch_schedule():
     for b, r in zip(buckets, ready):
         assert r == max(last[id(layout.tensor(t).value.param)] for t in b.grads)
     assert ready == sorted(ready)
+
+
+def test_small_gradients_still_make_several_buckets():
+    from minidnn.distributed.buckets import BUCKET_BYTES, MIN_BUCKETS, TAIL_BYTES, bucket_sizes
+    sched = _schedule(resnet20())
+    total = sum(aligned(t.nbytes) for t in sched.tensors if t.category == PARAM_GRAD)
+    assert total < BUCKET_BYTES                 # ResNet-20's gradients fit one default bucket
+    buckets = gradient_buckets(sched)
+    assert len(buckets) >= MIN_BUCKETS
+    assert buckets[-1].nbytes <= bucket_sizes(total)[1] or len(buckets[-1].grads) == 1
+    # large gradients: the default caps
+    assert bucket_sizes(1 << 34) == (BUCKET_BYTES, TAIL_BYTES)

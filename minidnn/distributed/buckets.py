@@ -11,20 +11,24 @@ ready (their last gradient written).
 The bucket that becomes ready last holds the network's first layers. Whatever
 of the communication is left when the backward ends is at least that bucket's
 reduction, so it is cut small (``tail_bytes``): the tail after the backward is
-one short reduction.
+one short reduction. The first one ready is as small, so that communication
+starts early in the backward (as PyTorch DDP's first bucket).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..persistent import persistent_offsets
-from ..schedule import PARAM_GRAD, aligned
+from ..schedule import ALIGN, PARAM_GRAD, aligned
 
 # PyTorch DDP's default bucket cap (25 MiB): large enough that a reduction's latency is a small
 # share of its time on PCIe and 10-100 Gb/s links, small enough that several overlap the backward
 BUCKET_BYTES = 25 << 20
 # the last bucket: DDP's first-bucket cap (1 MiB), a reduction of a few hundred microseconds at 10 GB/s
 TAIL_BYTES = 1 << 20
+# where the gradients are small (ResNet-20: 1.1 MB) the caps above would make one or two buckets, the
+# first ready only at the end of the backward: at least this many, so reductions start all through it
+MIN_BUCKETS = 8
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,23 @@ def last_writes(steps, tensors) -> dict:
     return last
 
 
-def gradient_buckets(schedule, bucket_bytes=BUCKET_BYTES, tail_bytes=TAIL_BYTES) -> list:
+def bucket_sizes(grad_bytes, bucket_bytes=None, tail_bytes=None) -> tuple:
+    """(bucket cap, last bucket's cap) for ``grad_bytes`` of gradients: those given, else
+    :data:`BUCKET_BYTES` or less so that there are :data:`MIN_BUCKETS`, and a tail of at most
+    :data:`TAIL_BYTES` and at most the bucket cap."""
+    bucket = bucket_bytes if bucket_bytes is not None else min(BUCKET_BYTES, max(ALIGN, grad_bytes // MIN_BUCKETS))
+    return bucket, tail_bytes if tail_bytes is not None else min(TAIL_BYTES, bucket)
+
+
+def gradient_buckets(schedule, bucket_bytes=None, tail_bytes=None) -> list:
     """The gradient buckets of ``schedule``'s persistent region, in the order they become ready.
 
     Each holds whole gradients adjacent in the region, at most ``bucket_bytes``
-    (``tail_bytes`` for the one ready last) unless a single gradient is larger.
-    A ValueError if either size is not positive.
+    (``tail_bytes`` for the first and the last ready) unless a single gradient is larger;
+    sizes not given are :func:`bucket_sizes`'. A ValueError if a size is not positive.
     """
+    grads = [t for t in schedule.tensors if t.category == PARAM_GRAD]
+    bucket_bytes, tail_bytes = bucket_sizes(sum(aligned(t.nbytes) for t in grads), bucket_bytes, tail_bytes)
     if bucket_bytes <= 0 or tail_bytes <= 0:
         raise ValueError(f"bucket sizes must be positive, got {bucket_bytes} and {tail_bytes}")
     offsets = persistent_offsets(schedule)
@@ -75,9 +89,16 @@ def gradient_buckets(schedule, bucket_bytes=BUCKET_BYTES, tail_bytes=TAIL_BYTES)
             run = []
     if run:
         runs.append(run)
-    # cut each run from its end (the gradients written last), the first cut at tail_bytes
-    groups, cap = [], tail_bytes
-    for run in reversed(runs):
+    if not runs:
+        return []
+    # the region's first gradients (the first written) make a first bucket of at most tail_bytes,
+    # so communication starts early; the rest is cut from its end, the first cut at tail_bytes
+    head, size = [], 0
+    while runs[0] and (not head or size + aligned(schedule.tensor(runs[0][0]).nbytes) <= tail_bytes):
+        size += aligned(schedule.tensor(runs[0][0]).nbytes)
+        head.append(runs[0].pop(0))
+    groups, cap = [head], tail_bytes
+    for run in reversed([r for r in runs if r]):
         group, size = [], 0
         for tid in reversed(run):
             nbytes = aligned(schedule.tensor(tid).nbytes)

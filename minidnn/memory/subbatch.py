@@ -157,9 +157,11 @@ class SubBatchPlan:
         for tensor in self.sub.schedule.tensors:
             if tensor.category == PARAM_GRAD:
                 executor.store.view(tensor)[...] = 0
-        ctx.loss_scale = 1.0 / self.k
+        ctx.loss_scale /= self.k
         losses, high, b = [], 0, self.sub_batch
+        grads = ctx.grads                           # data-parallel: reduced once, in the last sub-batch
         for j in range(self.k):
+            ctx.grads = grads if j == self.k - 1 else None
             losses.append(self.sub.run(executor, ctx, x[j * b:(j + 1) * b], y[j * b:(j + 1) * b], None, t,
                                        recorder if j == 0 else None))
             high = max(high, executor.high_water_bytes)

@@ -6,6 +6,9 @@ outputs (the backward reads them) and updates the running statistics in place
 A recomputation whose statistics are still on the device normalizes with them
 (one pass instead of three); followed by a recomputed residual add and/or ReLU,
 it recomputes them in that pass too (:class:`FusedBatchNorm2dOp`).
+
+With data-parallel ranks, ``ctx.sync`` (minidnn.distributed.batchnorm) takes the
+statistics and the backward's two per-channel sums over the global mini-batch.
 """
 from __future__ import annotations
 
@@ -52,10 +55,12 @@ class BatchNorm2dOp(Op):
             self._normalize(ctx, ins, rmean, invstd, y)
             return
         ctx.k.bn_stats(x, mean, invstd)          # invstd holds the biased variance here
+        m = x.shape[0] * x.shape[2] * x.shape[3]
+        if ctx.sync is not None:                 # data-parallel: the global mini-batch's statistics
+            m = ctx.sync.statistics(mean, invstd, m)
         # statistics move once a step, and never towards a non-finite batch (whose loss
         # will be refused, leaving the model as it was)
         if not ctx.recompute and xp.isfinite(mean).all() and xp.isfinite(invstd).all():
-            m = x.shape[0] * x.shape[2] * x.shape[3]
             mom = self.momentum
             rmean *= 1 - mom
             rmean += mom * mean
@@ -89,6 +94,9 @@ class BatchNorm2dOp(Op):
         x, gamma, gy = ins[0], ins[1], gouts[0]
         mean = outs[1] if self.training else ins[3]
         invstd = outs[2]
+        if self.training and gins[0] is not None and ctx.sync is not None:
+            ctx.sync.backward(ctx.k, x, gy, gamma, mean, invstd, gins[0], gins[1], gins[2])
+            return
         if self.training and gins[0] is not None:
             ctx.k.bn_backward(x, gy, gamma, mean, invstd, gins[0], gins[1], gins[2])
             return

@@ -1,0 +1,101 @@
+"""One rank's side of a data-parallel trainer: the step's beginning and end around the executor.
+
+``begin`` (before a mini-batch runs): on the first step, rank 0's persistent
+region (parameters, BatchNorm statistics, optimizer state) and its counters are
+broadcast; then one small all-gather gives every rank each rank's sample count
+(so a rank's loss is weighted by its share of the global batch: the gradients
+summed over the ranks are the global mean-loss gradient) and its plan's
+signature (ranks whose plans would issue different BatchNorm collectives are
+refused instead of deadlocking). ``end``: every bucket reduced, and the loss
+averaged over the global batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DistributedError
+from .batchnorm import BatchNormSync
+from .comm import CommThread
+from .parallel import plan_signature
+from .reduction import GradientReducer
+
+
+class Replica:
+    def __init__(self, parallel, trainer, global_batch):
+        self.parallel, self.trainer, self.global_batch = parallel, trainer, global_batch
+        self.rank, self.size = parallel.rank, parallel.size
+        backend = trainer.backend
+        self.comm = CommThread(parallel.comm, parallel.timeout, backend.clock)
+        reduce = self.comm.allreduce
+        if backend.name == "cuda":                  # gradients over NCCL; the rest over MPI
+            from .nccl import NcclStream
+            reduce = NcclStream(self.comm, backend).allreduce
+        self.reducer = GradientReducer(reduce, trainer.store, parallel.bucket_bytes, parallel.tail_bytes)
+        self.bn = (BatchNormSync(self.comm, parallel.timeout, backend.to_host, backend.xp)
+                   if parallel.bn == "sync" else None)
+        self.synced = False
+        self._signatures = {}
+        self.share = 1.0
+
+    def broadcast_state(self):
+        """Rank 0's persistent region and counters on every rank."""
+        t = self.trainer
+        region = np.array(t.backend.to_host(t.store.region), copy=True)
+        self.comm.bcast(region).wait()
+        t.backend.write(t.store.region, region)
+        state = self.comm.bcast_object({"optimizer": t.optimizer.state_dict() if t.optimizer is not None else None,
+                                        "steps_done": t.steps_done})
+        if t.optimizer is not None:
+            t.optimizer.load_state_dict(state["optimizer"])
+        t.steps_done = state["steps_done"]
+        self.synced = True
+
+    def begin(self, ctx, plan, n_local):
+        """Set up ``ctx`` for one mini-batch of which this rank runs ``n_local`` samples."""
+        if not self.synced:
+            self.broadcast_state()
+        sig = self._signatures.get(id(plan))
+        if sig is None:
+            if self.bn is not None and _splits_batchnorm(plan):
+                raise DistributedError("synchronized BatchNorm over a mini-batch split with bn='exact' is not "
+                                       "supported; use bn='sub-batch' or DataParallel(bn='local')")
+            sig = self._signatures[id(plan)] = (plan, plan_signature(plan) if self.bn is not None else 0)
+        mine = np.array([n_local, sig[1]], np.int64)
+        every = np.zeros((self.size, 2), np.int64)
+        self.comm.allgather(mine, every).wait()
+        if not (every[:, 1] == every[0, 1]).all():
+            counts = ", ".join(f"rank {r}: {int(n)}" for r, n in enumerate(every[:, 0]))
+            raise DistributedError(f"the ranks' plans differ in their BatchNorm steps (local batches {counts}); "
+                                   f"use a global batch that is a multiple of {self.size} or a larger budget")
+        total = int(every[:, 0].sum())
+        if total > self.global_batch:
+            raise DistributedError(f"the ranks' slices add up to {total} samples, more than the global mini-batch "
+                                   f"of {self.global_batch}: give each rank its slice (DataLoader(shard=...))")
+        self.share = n_local / total
+        ctx.loss_scale = self.share
+        ctx.sync = self.bn
+        ctx.grads = self.reducer.begin()
+        if self.bn is not None:
+            self.bn.log = ctx.grads.others
+        return ctx
+
+    def end(self, ctx, loss) -> float:
+        """Every bucket reduced; the global mini-batch's mean loss."""
+        ctx.grads.finish()
+        total = np.array([loss * self.share])
+        self.comm.allreduce(total).wait()
+        return float(total[0])
+
+    def close(self):
+        """Stop this rank's communication thread (also done at exit)."""
+        self.comm.close()
+
+
+def _splits_batchnorm(plan) -> bool:
+    """Whether ``plan`` runs BatchNorm split into its stats, combine and apply ops (``bn="exact"``),
+    whose statistics are not synchronized across ranks."""
+    from ..memory.subbatch import StagedPlan
+    from ..ops.norm_split import BatchNormCombineOp
+    return isinstance(plan, StagedPlan) and any(isinstance(n.op, BatchNormCombineOp)
+                                                for n in plan.plan.schedule.graph.nodes)
+

@@ -1,0 +1,99 @@
+"""A few data-parallel training steps, run by the distributed tests under ``mpiexec -n N`` (or alone).
+
+Every rank builds the same network from one seed and takes its slice of the same
+global mini-batches; rank 0 writes the parameters, buffers and losses after the
+last step to ``--out`` (an .npz), for the tests to compare with one process.
+"""
+import argparse
+import os
+import sys
+
+import minidnn as mdn  # first: it sets the thread policies NumPy's BLAS reads when it loads
+import numpy as np
+from minidnn import nn, optim
+from minidnn.distributed import launched, shard_range
+
+
+def small_cnn():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=["cnn", "resnet20"], default="cnn")
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--batch", type=int, default=6)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--budget", default=None, help="bytes or a fraction of the liveness peak")
+    p.add_argument("--policy", default="auto")
+    p.add_argument("--sub-batches", action="store_true", help="a budget only a split of the mini-batch fits")
+    p.add_argument("--bn", default="sync")
+    p.add_argument("--bucket-bytes", type=int, default=4096)
+    p.add_argument("--last-batch", type=int, default=0, help="a last, smaller global batch after the steps")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops (sleeps) before step 2")
+    p.add_argument("--trace", default=None, help="each rank writes the last step's trace to TRACE/rankR.json")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+
+    with open(f"{args.out}.rank{os.environ.get('PMI_RANK', 0)}.pid", "w") as f:
+        f.write(str(os.getpid()))
+    parallel = launched(bn=args.bn, bucket_bytes=args.bucket_bytes, tail_bytes=1024, timeout=args.timeout)
+    rank, size = (parallel.rank, parallel.size) if parallel is not None else (0, 1)
+    if args.model == "cnn":
+        net, image = small_cnn(), (3, 8, 8)
+    else:
+        from minidnn.models import resnet20
+        net, image = resnet20(num_classes=10), (3, 32, 32)
+    net.init_parameters(0)
+    budget = args.budget
+    if budget is not None:
+        budget = float(budget) if "." in budget else int(budget)
+    memory = mdn.MemoryConfig(budget=budget, sub_batching=True, algorithms="default", policy=args.policy)
+    trainer = mdn.compile(net, (args.batch, *image), nn.CrossEntropyLoss(),
+                          optim.SGD(lr=args.lr, momentum=0.9, weight_decay=5e-4), memory=memory,
+                          dtype=np.dtype(args.dtype), parallel=parallel)
+    if args.sub_batches:
+        assert getattr(trainer.plan, "k", 1) > 1, "the budget did not split the mini-batch"
+    elif budget is not None:
+        kinds = {s.kind for s in trainer.plan.program.steps} if hasattr(trainer.plan, "program") else set()
+        assert kinds & {"offload", "recompute"}, "the budget evicted nothing (or split the mini-batch)"
+        if args.policy == "recompute":
+            from minidnn.ops.norm import BatchNorm2dOp
+            assert any(s.kind == "recompute" and isinstance(s.node.op, BatchNorm2dOp)
+                       for s in trainer.plan.program.steps), "no BatchNorm recomputed"
+    rng = np.random.default_rng(1)
+    sizes = [args.batch] * args.steps + ([args.last_batch] if args.last_batch else [])
+    losses = []
+    for t, b in enumerate(sizes):
+        x = rng.standard_normal((b, *image))
+        y = rng.integers(0, 10, size=b)
+        lo, hi = shard_range(b, rank, size)
+        if t == 1 and rank == args.hang_rank:
+            import time
+            time.sleep(3600)
+        try:
+            losses.append(trainer.step(x[lo:hi], y[lo:hi]))
+        except mdn.DistributedError as e:
+            print(f"worker: error: {e}", file=sys.stderr)
+            from minidnn.distributed.launch import abort
+            abort(3)
+            return 3
+        if rank == 0:
+            with open(f"{args.out}.steps", "w") as f:
+                f.write(str(t + 1))
+    if args.trace:
+        trainer.trace.save(os.path.join(args.trace, f"rank{rank}.json"))
+    if rank == 0:
+        state = {k: np.asarray(v) for k, v in net.state_dict().items()}
+        np.savez(args.out, losses=np.array(losses), **state)
+    if parallel is not None:
+        trainer.parallel.close()
+    print(f"rank {rank} of {size}: done", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
