@@ -6,7 +6,8 @@ kept, dropped and recomputed before the touch that closes the gap, or
 offloaded and prefetched; and for every step with several algorithms which
 one it runs (a one-hot, its workspace in that stage's memory). Its variables:
 
-- ``d[t,g]`` drop, ``o[t,g]`` offload (binary): the gap's decision;
+- ``d[t,g]`` drop, ``v[t,g,k]`` offload with timing ``k`` (binary; ``o[t,g]``
+  their sum): the gap's decision;
 - ``R[s,p]``: schedule step ``p`` (a forward) runs again in stage ``s``, as
   the lowering's restore chain does: for a dropped gap that closes at ``s``,
   and for each input of a rerun step that is not on the device then
@@ -33,9 +34,11 @@ restore chain (run in schedule order), what was on the device before the
 chain, the earlier reruns' values that a later rerun or the step still reads,
 its own outputs and its workspace. (The lowering may order a branching chain
 otherwise, and fuses some reruns into one pass that writes less: the model is
-then an upper bound.) An offloaded value is held one
-stage after the touch opening its gap (the copy runs then: ``Evict(delay=1)``)
-and prefetched one stage before the touch closing it (``lead=1``).
+then an upper bound.) An offloaded value takes one of a few
+timings (``OFFLOAD_TIMINGS``): held over the ``delay`` stages after the touch
+that opens its gap while its copy runs, and prefetched over the ``lead``
+stages before the touch that closes it, each copy's time spread evenly over
+its stages; a value whose host copy is still valid is dropped without a copy.
 
 The solution is turned back into evictions and algorithms, lowered, placed
 and simulated by :func:`planner.make_plan` like every plan; where placement
@@ -48,6 +51,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import highspy
 import numpy as np
@@ -60,10 +64,13 @@ from .costmodel import CachedCost, ProfileCost
 from .planner import algorithm_options, fastest, lower_bound, make_plan, plan_memory, smallest
 from .program import Evict, touches
 
-# An offloaded value is on the device in the stage after its gap opens (its copy) and the one before
-# it closes (its prefetch): only a gap of four stages or more frees a stage.
-OFFLOAD_MIN_GAP = 4
-OFFLOAD = Evict("offload", delay=1, lead=1)
+# The timings an offload may take, as Evict(delay, lead): its copy runs over the ``delay`` stages after
+# the touch that opens its gap (the value held there), its prefetch over the ``lead`` stages before
+# the touch that closes it; 0 is a copy that compute waits for (the value held by neither). A copy on
+# a GPU profile takes several of a small network's layers (a ResNet-20 activation at batch 4 on
+# v100-16gb: 30 us of copy, 5-20 us a layer), so one stage each way cannot hide it; the longer
+# timings can, and hold the value longer.
+OFFLOAD_TIMINGS = ((0, 0), (1, 1), (2, 2), (4, 4), (8, 8))
 RECOMPUTE = Evict("recompute")
 
 
@@ -72,7 +79,8 @@ class Solution:
     """What the solver reports: ``status`` (HiGHS's words, e.g. "Optimal", "Time limit reached"),
     ``objective`` (the incumbent's modelled seconds, None without one), ``bound`` (the proven lower
     bound on them), ``gap`` (relative MIP gap), ``seconds`` (solve time), the incumbent as minidnn
-    decisions, and whether the heuristic's plan was given as the starting incumbent."""
+    decisions, whether the heuristic's plan was given as the starting incumbent, and whether the
+    placement's two regions were modelled."""
 
     status: str
     objective: float
@@ -82,6 +90,17 @@ class Solution:
     evictions: dict
     algos: dict
     warm: bool = False
+    regions: bool = False
+
+
+class Evaluation(NamedTuple):
+    """The model's view of given decisions: modelled ``seconds``, ``peak`` arena bytes, the
+    placement's two regions' bytes (``regions``) and the variable values ``x``."""
+
+    seconds: float
+    peak: int
+    regions: int
+    x: np.ndarray
 
 
 class _Affine:
@@ -111,13 +130,14 @@ class Model:
         self.n = n = len(steps)
         self.size = schedule.tensor_bytes.tolist()
         self.shared = 1.0 - cost.copy_overlap
-        # the schedule's own workspace of a step with algorithms is replaced by the chosen one's
-        self.skip = {steps[s].ws for s in self.options if steps[s].ws is not None}
+        # a step's workspace is counted as its algorithm's (or, without a choice, its own) by
+        # _algo_terms, for the step and for each rerun of it: not as a touched tensor
+        self.skip = {st.ws for st in steps if st.ws is not None}
         self.producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
         keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
         self.keep = keep
         self.names, self.lo, self.hi, self.integer = [], [], [], []
-        self.d, self.o, self.x, self.R, self.z, self.A = {}, {}, {}, {}, {}, {}
+        self.d, self.o, self.v, self.x, self.R, self.z, self.A = {}, {}, {}, {}, {}, {}, {}
         for s, opts in self.options.items():
             for k in range(len(opts)):
                 self.x[s, k] = self._var(f"x[{s},{k}]", integer=True)
@@ -133,8 +153,11 @@ class Model:
                 self.gaps.append((t, g, a, b))
                 if t not in keep and src is not None and src.node.op.recomputable:
                     self.d[t, g] = self._var(f"d[{t},{g}]", integer=True)
-                if offload and t not in keep and b - a >= OFFLOAD_MIN_GAP:
-                    self.o[t, g] = self._var(f"o[{t},{g}]", integer=True)
+                timings = [k for k, (dl, ld) in enumerate(OFFLOAD_TIMINGS) if dl + ld < b - a - 1]
+                if offload and t not in keep and timings:
+                    self.o[t, g] = self._var(f"o[{t},{g}]")
+                    for k in timings:
+                        self.v[t, g, k] = self._var(f"v[{t},{g},{k}]", integer=True)
         self.T = [self._var(f"T[{s}]", hi=math.inf) for s in range(n)]
         self._host_copies()
         self._logic = None                               # the 0/1 rows, for evaluate
@@ -150,6 +173,7 @@ class Model:
                 for s in range(self.touch[t][-1] + 1, n):
                     self.to_end[s].append(t)
         self._chains()
+        self._regions()
 
     def _var(self, name, integer=False, hi=1.0) -> int:
         self.names.append(name)
@@ -160,25 +184,26 @@ class Model:
 
     # -- presence -----------------------------------------------------------------
     def _host_copies(self):
-        """``c[t,g]``: offloading gap g copies (``o[t,g]`` less any earlier offload whose host copy
-        is still valid: the lowering then only drops the tensor). ``earlier[t,g]``: the offloads
-        of t before gap g whose host copy is valid at its end, for which the lowering restores t
-        by a prefetch; the model does not let t be dropped or recomputed in a chain then."""
+        """``c[t,g,k]``: offloading gap g with timing k copies (``v[t,g,k]`` less any earlier offload
+        whose host copy is still valid: the lowering then only drops the tensor). ``earlier[t,g]``:
+        the offloads of t before gap g whose host copy is valid at its end, for which the lowering
+        restores t by a prefetch; the model does not let t be dropped or recomputed in a chain then."""
         self.c, self.earlier = {}, {}
+        steps = self.schedule.steps
         for t, ts in self.touch.items():
             if t in self.skip:
                 continue
-            writes = [i for i in ts if t in self.schedule.steps[i].writes or t in self.schedule.steps[i].updates]
+            writes = [i for i in ts if t in steps[i].writes or t in steps[i].updates]
             for g in range(len(ts) - 1):
-                valid = [g2 for g2 in range(g) if (t, g2) in self.o
-                         and not any(ts[g2] < i <= ts[g] for i in writes)]
+                valid = [g2 for g2 in range(g) if (t, g2) in self.o and not any(ts[g2] < i <= ts[g] for i in writes)]
                 self.earlier[t, g] = [self.o[t, g2] for g2 in valid]
-                if (t, g) in self.o and valid:
-                    self.c[t, g] = self._var(f"c[{t},{g}]")
+                for k in range(len(OFFLOAD_TIMINGS)):
+                    if (t, g, k) in self.v and valid:
+                        self.c[t, g, k] = self._var(f"c[{t},{g},{k}]")
 
-    def copied(self, t, g) -> int:
-        """The variable that says gap g's offload copies t."""
-        return self.c.get((t, g), self.o[t, g])
+    def copied(self, t, g, k) -> int:
+        """The variable that says gap g's offload copies t, with timing k."""
+        return self.c.get((t, g, k), self.v[t, g, k])
 
     def present(self, gap, s) -> _Affine:
         """Whether the tensor of ``gap`` is on the device at stage ``s`` strictly inside it."""
@@ -186,10 +211,15 @@ class Model:
         e = _Affine(1.0)
         if (t, g) in self.d:
             e.add(self.d[t, g], -1.0)
-        if (t, g) in self.o and s != b - 1:
+        if (t, g) in self.o:
             e.add(self.o[t, g], -1.0)
-            if s == a + 1:                   # held while its copy runs (a valid host copy: dropped)
-                e.add(self.copied(t, g), 1.0)
+            for k, (delay, lead) in enumerate(OFFLOAD_TIMINGS):
+                if (t, g, k) not in self.v:
+                    continue
+                if s >= b - lead:                # prefetched
+                    e.add(self.v[t, g, k], 1.0)
+                elif s <= a + delay:             # held while its copy runs (a valid host copy: dropped)
+                    e.add(self.copied(t, g, k), 1.0)
         return e
 
     def before(self, u, s) -> _Affine:
@@ -311,6 +341,48 @@ class Model:
         else:
             e.add(self.R[var], c)
 
+    def _regions(self):
+        """The placement's two regions (placement.place_program): a tensor with a residency other
+        than its computed one (offloaded, prefetched, recomputed) is *mobile* (``m[t]``, at least
+        and at most its causes: a drop or offload of one of its gaps, or ``y[s,q,u]``, a rerun ``q``
+        restoring it where it was not on the device); the others are resident. The regions' arena
+        is the resident bytes' peak ``M_res`` plus the mobile bytes' ``M_mob``."""
+        causes = {}
+        for (t, g), v in list(self.d.items()) + list(self.o.items()):
+            causes.setdefault(t, []).append(v)
+        self.y = {}
+        for s, q in self.R:
+            for u in dict.fromkeys(self.schedule.steps[q].outs):
+                if u is None or self.schedule.tensors[u].persistent:
+                    continue
+                b = self.before(u, s)
+                if b.terms or b.const < 1:
+                    self.y[s, q, u] = (self._var(f"y[{s},{q},{u}]"), b)
+                    causes.setdefault(u, []).append(self.y[s, q, u][0])
+        self.causes = causes
+        self.m = {t: self._var(f"m[{t}]") for t in causes}
+        self.M = (self._var("M_res", hi=math.inf), self._var("M_mob", hi=math.inf))
+        self.alive = [[] for _ in range(self.n)]          # stage -> tensors alive at its step
+        for t, ts in self.touch.items():
+            if t not in self.skip:
+                for s in range(ts[0], self.n if t in self.keep else ts[-1] + 1):
+                    self.alive[s].append(t)
+
+    def resident(self, s, rerun=None) -> _Affine:
+        """Resident-region bytes at stage ``s``'s step, or (``rerun``) at that rerun of its chain."""
+        e = _Affine()
+        for t in self.alive[s]:
+            if rerun is not None and self.touch[t][0] == s:
+                continue                                  # written by the step, after the chain
+            e.const += self.size[t]
+            if t in self.m:
+                e.add(self.m[t], -self.size[t])
+        if rerun is None:
+            self._algo_terms(s, e, "workspace")
+        else:
+            self._algo_terms(rerun, e, "workspace", var=(s, rerun))
+        return e
+
     def step_memory(self, s) -> _Affine:
         """Bytes on the device at stage ``s``'s own step."""
         e = _Affine(float(sum(self.size[t] for t in self.touch.by_step[s] if t not in self.skip)
@@ -360,30 +432,41 @@ class Model:
             self._algo_terms(p, e, "seconds", var=(s, p))
         for v, saved, *_ in self.fusions_by_stage[s]:
             e.add(v, -saved)
+        for (t, g, k), v in self.v.items():         # copies that compute waits for
+            delay, lead = OFFLOAD_TIMINGS[k]
+            if not delay and s == self.touch[t][g]:
+                e.add(self.copied(t, g, k), self.xfer[t])
+            if not lead and s == self.touch[t][g + 1]:
+                e.add(v, self.xfer[t])
         return e
 
     def copies(self, s) -> _Affine:
         e = _Affine()
-        for (t, g), v in self.o.items():
+        for (t, g, k), v in self.v.items():         # each copy spread evenly over its stages
             a, b = self.touch[t][g], self.touch[t][g + 1]
-            if s == a + 1:
-                e.add(self.copied(t, g), self.xfer[t])
-            elif s == b - 1:
-                e.add(v, self.xfer[t])
+            delay, lead = OFFLOAD_TIMINGS[k]
+            if a < s <= a + delay:
+                e.add(self.copied(t, g, k), self.xfer[t] / delay)
+            elif b - lead <= s < b:
+                e.add(v, self.xfer[t] / lead)
         return e
 
     # -- the MILP -------------------------------------------------------------------
-    def rows(self, limit):
+    def rows(self, limit, regions=False):
         """The constraints as (expression, lower, upper, unit) over the variables; unit: "bytes",
-        "seconds" or "logic" (0/1 coefficients), for scaling."""
-        out = []
+        "seconds" or "logic" (0/1 coefficients), for scaling. With ``regions``, the placement's
+        two regions must fit ``limit`` too."""
+        out = self._region_rows(limit) if regions else []
         for s, opts in self.options.items():
             out.append((_Affine(0.0, {self.x[s, k]: 1.0 for k in range(len(opts))}), 1.0, 1.0, "logic"))
         for key, v in self.d.items():
             if key in self.o:
                 out.append((_Affine(0.0, {v: 1.0, self.o[key]: 1.0}), -math.inf, 1.0, "logic"))
-        for (t, g), v in self.c.items():
-            out.append((_Affine(0.0, {v: 1.0, self.o[t, g]: -1.0, **{u: 1.0 for u in self.earlier[t, g]}}), 0.0,
+        for (t, g), v in self.o.items():
+            out.append((_Affine(0.0, {v: 1.0, **{self.v[t, g, k]: -1.0 for k in range(len(OFFLOAD_TIMINGS))
+                                                 if (t, g, k) in self.v}}), 0.0, 0.0, "logic"))
+        for (t, g, k), v in self.c.items():
+            out.append((_Affine(0.0, {v: 1.0, self.v[t, g, k]: -1.0, **{u: 1.0 for u in self.earlier[t, g]}}), 0.0,
                         math.inf, "logic"))
         for (t, g, a, b) in self.gaps:
             if (t, g) in self.d:
@@ -437,11 +520,42 @@ class Model:
                 out.append((e, 0.0, math.inf, "seconds"))
         return out
 
-    def solve(self, limit, time_limit=30.0, warm=None) -> Solution:
+    def _region_rows(self, limit):
+        out = []
+        for (s, q, _), (v, b) in self.y.items():   # y = R and not before
+            r = self.R[s, q]
+            out.append((_Affine(0.0, {v: 1.0, r: -1.0}), -math.inf, 0.0, "logic"))
+            out.append((_Affine(b.const, {v: 1.0, **b.terms}), -math.inf, 1.0, "logic"))
+            e = _Affine(b.const, b.terms)
+            e.add(v, 1.0)
+            e.add(r, -1.0)
+            out.append((e, 0.0, math.inf, "logic"))
+        for t, m in self.m.items():                # m = or(causes)
+            for u in self.causes[t]:
+                out.append((_Affine(0.0, {m: 1.0, u: -1.0}), 0.0, math.inf, "logic"))
+            out.append((_Affine(0.0, {m: 1.0, **{u: -1.0 for u in self.causes[t]}}), -math.inf, 0.0, "logic"))
+        res, mob = self.M
+        for s in range(self.n):
+            points = [(self.resident(s), self.step_memory(s))]
+            base = self.before_chain(s) if self.reruns[s] else None
+            points += [(self.resident(s, p), self.rerun_memory(s, p, base)) for p in self.reruns[s]]
+            for r, total in points:
+                e = _Affine(r.const, r.terms)
+                e.add(res, -1.0)
+                out.append((e, -math.inf, 0.0, "bytes"))
+                e = _Affine(total.const - r.const, total.terms)
+                for v, c in r.terms.items():
+                    e.add(v, -c)
+                e.add(mob, -1.0)
+                out.append((e, -math.inf, 0.0, "bytes"))
+        out.append((_Affine(0.0, {res: 1.0, mob: 1.0}), -math.inf, limit, "bytes"))
+        return out
+
+    def solve(self, limit, time_limit=30.0, warm=None, regions=False) -> Solution:
         """Minimize the modelled step time within ``limit`` arena bytes; ``warm``: a vector of
         variable values (:meth:`evaluate`'s) given to HiGHS as its first incumbent."""
         unit = sum(self.secs) or 1.0             # seconds and bytes scaled to about one
-        rows = self.rows(limit)
+        rows = self.rows(limit, regions)
         lo, hi, ri, ci, vals = [], [], [], [], []
         scales = {"bytes": 1.0 / max(limit, 1), "seconds": 1.0 / unit, "logic": 1.0}
         for r, (e, a, b, kind) in enumerate(rows):
@@ -478,31 +592,39 @@ class Model:
         seconds = time.perf_counter() - began
         info, status = h.getInfo(), h.modelStatusToString(h.getModelStatus())
         if info.primal_solution_status != 2:       # no feasible incumbent
-            return Solution(status, None, info.mip_dual_bound * unit, math.inf, seconds, None, None, warm is not None)
+            return Solution(status, None, info.mip_dual_bound * unit, math.inf, seconds, None, None, warm is not None,
+                            regions)
         x = np.array(h.getSolution().col_value)
         ev, algos = self.decisions(x)
         return Solution(status, info.objective_function_value * unit, info.mip_dual_bound * unit, info.mip_gap,
-                        seconds, ev, algos, warm is not None)
+                        seconds, ev, algos, warm is not None, regions)
 
     def decisions(self, x) -> tuple:
         """(evictions, algorithms) of the variable values ``x``."""
         ev = {key: RECOMPUTE for key, v in self.d.items() if x[v] > 0.5}
-        ev.update({key: OFFLOAD for key, v in self.o.items() if x[v] > 0.5})
+        ev.update({(t, g): Evict("offload", *OFFLOAD_TIMINGS[k]) for (t, g, k), v in self.v.items() if x[v] > 0.5})
         algos = {s: opts[max(range(len(opts)), key=lambda k: x[self.x[s, k]])][1]
                  for s, opts in self.options.items()}
         return ev, algos
 
     # -- direct evaluation ------------------------------------------------------------------
     def evaluate(self, evictions, algos):
-        """(modelled seconds, modelled peak arena bytes, variable values) of the decisions, computed
+        """The :class:`Evaluation` of the decisions, computed
         directly (the reruns by a fixed point over what each restores); None where the model cannot
         express them, leaves them out, or a rerun needs an input nothing restores."""
         x = np.zeros(len(self.names))
         for (t, g), ev in evictions.items():
-            table = self.d if ev.kind == "recompute" else self.o
-            if (t, g) not in table:
+            if ev.kind == "recompute":
+                if (t, g) not in self.d:
+                    return None
+                x[self.d[t, g]] = 1.0
+                continue
+            ks = [k for k in range(len(OFFLOAD_TIMINGS)) if (t, g, k) in self.v]
+            if not ks:
                 return None
-            x[table[t, g]] = 1.0
+            # the shortest timing at least as long as the given one (else the longest)
+            k = next((k for k in ks if OFFLOAD_TIMINGS[k] >= (ev.delay, ev.lead)), ks[-1])
+            x[self.o[t, g]] = x[self.v[t, g, k]] = 1.0
         for s, opts in self.options.items():
             names = [a.name for _, a in opts]
             x[self.x[s, names.index(algos[s].name) if s in algos else 0]] = 1.0
@@ -518,8 +640,8 @@ class Model:
                         return None
                     if not x[self.R[restorer]]:
                         x[self.R[restorer]], changed = 1.0, True
-        for (t, g), v in self.c.items():
-            x[v] = max(0.0, x[self.o[t, g]] - sum(x[u] for u in self.earlier[t, g]))
+        for (t, g, k), v in self.c.items():
+            x[v] = max(0.0, x[self.v[t, g, k]] - sum(x[u] for u in self.earlier[t, g]))
         for (s, p, k), v in self.z.items():
             x[v] = x[self.R[s, p]] * x[self.x[p, k]]
         for v, (s, q, by) in self.held.items():
@@ -529,19 +651,26 @@ class Model:
             x[v] = 0.0 if (s, b) in into else min([x[u] for u in within] + [1.0 - x[u] for u in without])
             if x[v]:
                 into.add((s, b))
+        for (s, q, _), (v, b) in self.y.items():
+            x[v] = x[self.R[s, q]] * (b.value(x) < 0.5)
+        for t, m in self.m.items():
+            x[m] = max(x[u] for u in self.causes[t])
         if self._logic is None:
-            self._logic = [r for r in self.rows(math.inf) if r[3] == "logic"]
+            self._logic = [r for r in self.rows(math.inf, regions=True) if r[3] == "logic"]
         if any(not lo - 1e-9 <= e.value(x) <= hi + 1e-9 for e, lo, hi, _ in self._logic):
             return None                          # a combination the model leaves out
         peak = 0.0
+        res, mob = self.M
         for s in range(self.n):
             c, cp = self.compute(s).value(x), self.copies(s).value(x)
             x[self.T[s]] = max(c + self.shared * cp, cp)
-            peak = max(peak, self.step_memory(s).value(x))
             base = self.before_chain(s) if self.reruns[s] else None
-            for p in self.reruns[s]:
-                peak = max(peak, self.rerun_memory(s, p, base).value(x))
-        return float(x[self.T].sum()), int(round(peak)), x
+            for r, total in [(self.resident(s), self.step_memory(s))] + [
+                    (self.resident(s, p), self.rerun_memory(s, p, base)) for p in self.reruns[s]]:
+                r, total = r.value(x), total.value(x)
+                peak = max(peak, total)
+                x[res], x[mob] = max(x[res], r), max(x[mob], total - r)
+        return Evaluation(float(x[self.T].sum()), int(round(peak)), int(round(x[res] + x[mob])), x)
 
 
 @dataclass
@@ -562,7 +691,7 @@ class Reference:
     model_bytes: int = None
 
 
-def solve_reference(schedule, budget, cost=None, config=None, time_limit=30.0, offload=True, rounds=3,
+def solve_reference(schedule, budget, cost=None, config=None, time_limit=30.0, offload=True, rounds=4,
                     heuristic=None) -> Reference:
     """The MILP's best plan within ``budget`` bytes (persistent included) beside the heuristic's.
 
@@ -585,22 +714,29 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=30.0, o
             heuristic = None
     base = heuristic.baseline if heuristic is not None else None
     model = Model(schedule, cost, touch, options, offload)
-    limit = target = budget - schedule.persistent_bytes
+    limit = budget - schedule.persistent_bytes
     # the heuristic's plan as the solver's first incumbent, where the model can express it and it fits
     seen = model.evaluate(heuristic.evictions or {}, heuristic.algos or {}) if heuristic is not None else None
     milp = solution = predicted = None
-    done = 0
+    lowered = 0                # what placement added to the curve's plans, taken off the curve's limit
     for done in range(1, rounds + 1):
-        start = seen[2] if seen is not None and seen[1] <= target else None
-        solution = model.solve(target, time_limit, start)
-        if solution.evictions is None:
+        regions = done == 2    # the second round models the placement's two regions instead
+        target = limit if regions else limit - lowered
+        fits = seen is not None and (seen.regions if regions else seen.peak) <= target
+        last = model.solve(target, time_limit, seen.x if fits else None, regions)
+        if solution is None or last.evictions is not None:
+            solution = last
+        if last.evictions is None:
+            if regions:
+                continue
             break
-        plan = make_plan(schedule, solution.evictions, cost, "optimal", budget, base, touch,
-                         {**fastest(options), **solution.algos})
+        plan = make_plan(schedule, last.evictions, cost, "optimal", budget, base, touch,
+                         {**fastest(options), **last.algos})
         if plan.arena_bytes <= limit:
-            milp, predicted = plan, model.evaluate(solution.evictions, solution.algos)
+            milp, predicted = plan, model.evaluate(last.evictions, last.algos)
             break
-        target -= plan.arena_bytes - limit        # placement (or the lowering) needs more than the model
+        if not regions:
+            lowered += plan.arena_bytes - limit
     for p in (milp, heuristic):
         if p is not None:
             p.lower_bound_bytes = least
