@@ -17,7 +17,8 @@ from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, ProfileCost, lower_bound, minimum_bytes, plan_memory
 from minidnn.memory.costmodel import CachedCost
-from minidnn.memory.optimal import Model, OptimalPolicy, solve_reference
+from minidnn.memory.optimal import OptimalPolicy, solve, solve_reference
+from minidnn.memory.optimal_model import Model
 from minidnn.memory.planner import algorithm_options, smallest
 
 from networks import make_resnet
@@ -69,7 +70,7 @@ def test_the_milp_optimum_equals_brute_force_over_the_model(algorithms):
     assert len(peaks) > 2
     for limit in peaks[len(peaks) // 3], peaks[len(peaks) // 2]:    # budgets that bind
         best = min(s for s, p in results if p <= limit)
-        sol = model.solve(limit, time_limit=30)
+        sol = solve(model, limit, time_limit=30)
         assert sol.status == "Optimal"
         assert sol.objective == pytest.approx(best, rel=1e-6)
         seconds, peak, *_ = model.evaluate(sol.evictions, sol.algos)
