@@ -20,6 +20,8 @@ from minidnn.memory.costmodel import CachedCost
 from minidnn.memory.optimal import OptimalPolicy, solve, solve_reference
 from minidnn.memory.optimal_model import Model
 from minidnn.memory.planner import algorithm_options, smallest
+from minidnn.memory.program import lower
+from minidnn.memory.simulator import memory_curve, simulate
 
 from networks import make_resnet
 
@@ -125,3 +127,45 @@ def test_a_budget_below_the_lower_bound_is_refused():
     with pytest.raises(mdn.MemoryBudgetError) as e:
         solve_reference(sched, least - 64, cost)
     assert e.value.minimum_bytes == least
+
+
+def stages(program):
+    """The schedule step each program step belongs to: its own, or (a restore) the step it precedes."""
+    out, pending = [], 0
+    for s, origin in zip(program.steps, program.origin):
+        if s.kind == "recompute":
+            pending += 1
+            continue
+        out += [origin] * (pending + 1)
+        pending = 0
+    return np.array(out)
+
+
+@pytest.mark.parametrize("net, shape, exact", [(chain, CHAIN, True), (lambda: make_resnet(nn), (8, 3, 16, 16), False)])
+def test_the_model_matches_the_lowering(net, shape, exact):
+    """On random keep/recompute decisions, the model's time is the simulator's and its memory at each
+    stage is at least the lowered program's there (equal on a chain)."""
+    sched = schedule_of(net(), shape)
+    cost = CachedCost(ProfileCost("v100-16gb"))
+    options = algorithm_options(sched, cost)
+    model = Model(sched, cost, options=options, offload=False)
+    rng = np.random.default_rng(0)
+    algos = {s: opts[int(rng.integers(len(opts)))][1] for s, opts in options.items()}
+    checked = 0
+    for _ in range(20):
+        ev = {g: mdn.memory.program.Evict("recompute") for g in model.d if rng.random() < 0.3}
+        seen = model.evaluate(ev, algos)
+        if seen is None:
+            continue
+        checked += 1
+        program = lower(sched, ev, model.touch, algos)
+        assert seen.seconds == pytest.approx(simulate(program, sched, cost, algos=algos).seconds, rel=1e-9)
+        per_stage = np.zeros(len(sched.steps), np.int64)
+        np.maximum.at(per_stage, stages(program), memory_curve(program))
+        modelled = [max([model.step_memory(s).value(seen.x)] + [model.rerun_memory(s, p, model.before_chain(s))
+                                                              .value(seen.x) for p in model.reruns[s]])
+                    for s in range(model.n)]
+        assert np.all(np.array(modelled) >= per_stage)
+        if exact:
+            assert np.array_equal(np.array(modelled), per_stage)
+    assert checked >= 10
