@@ -90,7 +90,7 @@ class Model:
                         self.v[t, g, k] = self._var(f"v[{t},{g},{k}]", integer=True)
         self.T = [self._var(f"T[{s}]", hi=math.inf) for s in range(n)]
         self._host_copies()
-        self._logic = None                               # the 0/1 rows, for evaluate
+        self._left_out = self._stages = None             # evaluate's rows and expressions, built once
         self.xfer = {t: cost.transfer_seconds(tensors[t].nbytes) for t, _ in self.o}
         self.secs = [cost.step_seconds(schedule, s) for s in steps]
         self.crossing = [[] for _ in range(n)]           # stage -> gaps strictly across it
@@ -402,19 +402,13 @@ class Model:
             if (t, g) in self.d:
                 out.append((_Affine(0.0, {self.R[b, self.producer[t].index]: 1.0, self.d[t, g]: -1.0}), 0.0, math.inf,
                             "logic"))
-                for u in self.earlier[t, g]:     # restored from the host, not recomputed
-                    out.append((_Affine(0.0, {self.d[t, g]: 1.0, u: 1.0}), -math.inf, 1.0, "logic"))
         for rerun, restorer, pb, host in self.needs:   # an input not on the device is restored by a rerun
             e = _Affine(pb.const, pb.terms)
             e.add(self.R[rerun], -1.0)
             if restorer is not None:
                 e.add(self.R[restorer], 1.0)
             out.append((e, 0.0, math.inf, "logic"))
-            for u in host:                       # (the lowering would prefetch it: not modelled)
-                e = _Affine(-pb.const, {v: -c for v, c in pb.terms.items()})
-                e.add(self.R[rerun], 1.0)
-                e.add(u, 1.0)
-                out.append((e, -math.inf, 1.0, "logic"))
+        out += self.left_out()
         for (s, p, k), v in self.z.items():
             out.append((_Affine(0.0, {v: 1.0, self.R[s, p]: -1.0, self.x[p, k]: -1.0}), -1.0, math.inf, "logic"))
         for v, (s, q, by) in self.held.items():     # held if read later (or by the step itself)
@@ -450,6 +444,27 @@ class Model:
                 out.append((e, 0.0, math.inf, "seconds"))
         return out
 
+    def left_out(self):
+        """The rows that leave out what the lowering restores from a valid host copy instead (a
+        prefetch, not modelled): a drop, or a rerun's input not on the device, after an offload."""
+        out = []
+        for (t, g), v in self.d.items():
+            for u in self.earlier[t, g]:
+                out.append((_Affine(0.0, {v: 1.0, u: 1.0}), -math.inf, 1.0, "logic"))
+        for rerun, _, pb, host in self.needs:
+            for u in host:
+                e = _Affine(-pb.const, {v: -c for v, c in pb.terms.items()})
+                e.add(self.R[rerun], 1.0)
+                e.add(u, 1.0)
+                out.append((e, -math.inf, 1.0, "logic"))
+        return out
+
+    def _points(self, s):
+        """(resident bytes, all bytes) at stage ``s``'s step and at each rerun of its chain."""
+        base = self.before_chain(s) if self.reruns[s] else None
+        return [(self.resident(s), self.step_memory(s))] + [
+            (self.resident(s, p), self.rerun_memory(s, p, base)) for p in self.reruns[s]]
+
     def _region_rows(self, limit):
         out = []
         for (s, q, _), (v, b) in self.y.items():   # y = R and not before
@@ -466,10 +481,7 @@ class Model:
             out.append((_Affine(0.0, {m: 1.0, **{u: -1.0 for u in self.causes[t]}}), -math.inf, 0.0, "logic"))
         res, mob = self.M
         for s in range(self.n):
-            points = [(self.resident(s), self.step_memory(s))]
-            base = self.before_chain(s) if self.reruns[s] else None
-            points += [(self.resident(s, p), self.rerun_memory(s, p, base)) for p in self.reruns[s]]
-            for r, total in points:
+            for r, total in self._points(s):
                 e = _Affine(r.const, r.terms)
                 e.add(res, -1.0)
                 out.append((e, -math.inf, 0.0, "bytes"))
@@ -538,18 +550,18 @@ class Model:
             x[v] = x[self.R[s, q]] * (b.value(x) < 0.5)
         for t, m in self.m.items():
             x[m] = max(x[u] for u in self.causes[t])
-        if self._logic is None:
-            self._logic = [r for r in self.rows(math.inf, regions=True) if r[3] == "logic"]
-        if any(not lo - 1e-9 <= e.value(x) <= hi + 1e-9 for e, lo, hi, _ in self._logic):
+        if self._left_out is None:
+            self._left_out = self.left_out()
+        if any(not lo - 1e-9 <= e.value(x) <= hi + 1e-9 for e, lo, hi, _ in self._left_out):
             return None                          # a combination the model leaves out
+        if self._stages is None:                 # the expressions do not depend on x: built once
+            self._stages = [(self.compute(s), self.copies(s), self._points(s)) for s in range(self.n)]
         peak = 0.0
         res, mob = self.M
-        for s in range(self.n):
-            c, cp = self.compute(s).value(x), self.copies(s).value(x)
+        for s, (compute, copies, points) in enumerate(self._stages):
+            c, cp = compute.value(x), copies.value(x)
             x[self.T[s]] = max(c + self.shared * cp, cp)
-            base = self.before_chain(s) if self.reruns[s] else None
-            for r, total in [(self.resident(s), self.step_memory(s))] + [
-                    (self.resident(s, p), self.rerun_memory(s, p, base)) for p in self.reruns[s]]:
+            for r, total in points:
                 r, total = r.value(x), total.value(x)
                 peak = max(peak, total)
                 x[res], x[mob] = max(x[res], r), max(x[mob], total - r)
