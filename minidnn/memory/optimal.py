@@ -220,13 +220,16 @@ class OptimalPolicy:
         self.time_limit, self.offload = time_limit, offload
 
     def choose(self, schedule, limit, cost, touch, options, algos):
-        """(evictions, algorithms) within ``limit`` arena bytes, or (None, None)."""
+        """(evictions, algorithms) within ``limit`` arena bytes: the MILP plan's that placed within
+        it, else the last solution's (the planner then asks again below); or (None, None)."""
         budget = limit + schedule.persistent_bytes
         config = MemoryConfig(algorithms="auto" if options else "default")
         try:
-            ref = solve_reference(schedule, budget, cost, config, self.time_limit, self.offload, rounds=1)
+            ref = solve_reference(schedule, budget, cost, config, self.time_limit, self.offload)
         except MemoryBudgetError:
             return None, None
+        if ref.milp is not None:
+            return ref.milp.evictions, {**algos, **ref.milp.algos}
         if ref.solution.evictions is None:
             return None, None
         return ref.solution.evictions, {**algos, **ref.solution.algos}
