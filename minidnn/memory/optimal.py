@@ -140,9 +140,9 @@ class Reference:
     """The exact reference at one budget: ``plan`` (the faster of the MILP's plan and the heuristic's,
     both lowered, placed and simulated by the planner's code), ``milp`` (the MILP's own plan, None
     where it found none that fits), ``heuristic`` (``plan_memory``'s plan, None where it has none),
-    the last ``solution``, the ``rounds`` solved (the model's limit lowered by the placement's
-    overshoot between them) and the model's prediction of the MILP plan (``model_seconds``,
-    ``model_bytes``: its arena peak)."""
+    the last ``solution`` with an incumbent, the ``rounds`` solved (the curve at the limit, the
+    placement's two regions, then the curve lowered by what placement added) and the model's
+    prediction of the MILP plan (``model_seconds``, ``model_bytes``: its arena peak)."""
 
     plan: object
     milp: object
