@@ -175,7 +175,9 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=30.0, o
         except MemoryBudgetError:
             heuristic = None
     base = heuristic.baseline if heuristic is not None else None
-    model = Model(schedule, cost, touch, options, offload)
+    hints = {key: (ev.delay, ev.lead) for key, ev in (heuristic.evictions or {}).items()
+             if ev.kind == "offload"} if heuristic is not None else {}
+    model = Model(schedule, cost, touch, options, offload, hints)
     limit = budget - schedule.persistent_bytes
     # the heuristic's plan as the solver's first incumbent, where the model can express it and it fits
     seen = model.evaluate(heuristic.evictions or {}, heuristic.algos or {}) if heuristic is not None else None

@@ -52,7 +52,9 @@ class Model:
     """The stage model of one schedule and cost model: variables, and expressions over them that
     :meth:`solve` hands to HiGHS and :meth:`evaluate` computes directly for given decisions."""
 
-    def __init__(self, schedule, cost, touch=None, options=None, offload=True):
+    def __init__(self, schedule, cost, touch=None, options=None, offload=True, hints=None):
+        """``hints``: {(tensor, gap): (delay, lead)}, offload timings offered beside OFFLOAD_TIMINGS
+        (a heuristic plan's own, so that the model expresses that plan as it runs)."""
         self.schedule, self.cost = schedule, cost
         self.touch = touch if touch is not None else touches(schedule)
         self.options = options if options is not None else algorithm_options(schedule, cost)
@@ -68,6 +70,8 @@ class Model:
         self.keep = keep
         self.names, self.lo, self.hi, self.integer = [], [], [], []
         self.d, self.o, self.v, self.x, self.R, self.z, self.A = {}, {}, {}, {}, {}, {}, {}
+        self.ks, self.timing = {}, {}                     # (t, g) -> offload timings k; (t, g, k) -> timing
+        hints = hints or {}
         for s, opts in self.options.items():
             for k in range(len(opts)):
                 self.x[s, k] = self._var(f"x[{s},{k}]", integer=True)
@@ -83,11 +87,16 @@ class Model:
                 self.gaps.append((t, g, a, b))
                 if t not in keep and src is not None and src.node.op.recomputable:
                     self.d[t, g] = self._var(f"d[{t},{g}]", integer=True)
-                timings = [k for k, (dl, ld) in enumerate(OFFLOAD_TIMINGS) if dl + ld < b - a - 1]
+                timings = list(OFFLOAD_TIMINGS)
+                if (t, g) in hints and hints[t, g] not in timings:
+                    timings.append(hints[t, g])
+                timings = [(dl, ld) for dl, ld in timings if dl + ld < b - a - 1]
                 if offload and t not in keep and timings:
                     self.o[t, g] = self._var(f"o[{t},{g}]")
-                    for k in timings:
+                    self.ks[t, g] = list(range(len(timings)))
+                    for k, timing in enumerate(timings):
                         self.v[t, g, k] = self._var(f"v[{t},{g},{k}]", integer=True)
+                        self.timing[t, g, k] = timing
         self.T = [self._var(f"T[{s}]", hi=math.inf) for s in range(n)]
         self._host_copies()
         self._left_out = self._stages = None             # evaluate's rows and expressions, built once
@@ -127,9 +136,8 @@ class Model:
             for g in range(len(ts) - 1):
                 valid = [g2 for g2 in range(g) if (t, g2) in self.o and not any(ts[g2] < i <= ts[g] for i in writes)]
                 self.earlier[t, g] = [self.o[t, g2] for g2 in valid]
-                for k in range(len(OFFLOAD_TIMINGS)):
-                    if (t, g, k) in self.v and valid:
-                        self.c[t, g, k] = self._var(f"c[{t},{g},{k}]")
+                for k in self.ks.get((t, g), ()) if valid else ():
+                    self.c[t, g, k] = self._var(f"c[{t},{g},{k}]")
 
     def copied(self, t, g, k) -> int:
         """The variable that says gap g's offload copies t, with timing k."""
@@ -143,9 +151,8 @@ class Model:
             e.add(self.d[t, g], -1.0)
         if (t, g) in self.o:
             e.add(self.o[t, g], -1.0)
-            for k, (delay, lead) in enumerate(OFFLOAD_TIMINGS):
-                if (t, g, k) not in self.v:
-                    continue
+            for k in self.ks[t, g]:
+                delay, lead = self.timing[t, g, k]
                 if s >= b - lead:                # prefetched
                     e.add(self.v[t, g, k], 1.0)
                 elif s <= a + delay:             # held while its copy runs (a valid host copy: dropped)
@@ -363,7 +370,7 @@ class Model:
         for v, saved, *_ in self.fusions_by_stage[s]:
             e.add(v, -saved)
         for (t, g, k), v in self.v.items():         # copies that compute waits for
-            delay, lead = OFFLOAD_TIMINGS[k]
+            delay, lead = self.timing[t, g, k]
             if not delay and s == self.touch[t][g]:
                 e.add(self.copied(t, g, k), self.xfer[t])
             if not lead and s == self.touch[t][g + 1]:
@@ -374,7 +381,7 @@ class Model:
         e = _Affine()
         for (t, g, k), v in self.v.items():         # each copy spread evenly over its stages
             a, b = self.touch[t][g], self.touch[t][g + 1]
-            delay, lead = OFFLOAD_TIMINGS[k]
+            delay, lead = self.timing[t, g, k]
             if a < s <= a + delay:
                 e.add(self.copied(t, g, k), self.xfer[t] / delay)
             elif b - lead <= s < b:
@@ -393,8 +400,7 @@ class Model:
             if key in self.o:
                 out.append((_Affine(0.0, {v: 1.0, self.o[key]: 1.0}), -math.inf, 1.0, "logic"))
         for (t, g), v in self.o.items():
-            out.append((_Affine(0.0, {v: 1.0, **{self.v[t, g, k]: -1.0 for k in range(len(OFFLOAD_TIMINGS))
-                                                 if (t, g, k) in self.v}}), 0.0, 0.0, "logic"))
+            out.append((_Affine(0.0, {v: 1.0, **{self.v[t, g, k]: -1.0 for k in self.ks[t, g]}}), 0.0, 0.0, "logic"))
         for (t, g, k), v in self.c.items():
             out.append((_Affine(0.0, {v: 1.0, self.v[t, g, k]: -1.0, **{u: 1.0 for u in self.earlier[t, g]}}), 0.0,
                         math.inf, "logic"))
@@ -496,7 +502,7 @@ class Model:
     def decisions(self, x) -> tuple:
         """(evictions, algorithms) of the variable values ``x``."""
         ev = {key: RECOMPUTE for key, v in self.d.items() if x[v] > 0.5}
-        ev.update({(t, g): Evict("offload", *OFFLOAD_TIMINGS[k]) for (t, g, k), v in self.v.items() if x[v] > 0.5})
+        ev.update({(t, g): Evict("offload", *self.timing[t, g, k]) for (t, g, k), v in self.v.items() if x[v] > 0.5})
         algos = {s: opts[max(range(len(opts)), key=lambda k: x[self.x[s, k]])][1]
                  for s, opts in self.options.items()}
         return ev, algos
@@ -513,11 +519,12 @@ class Model:
                     return None
                 x[self.d[t, g]] = 1.0
                 continue
-            ks = [k for k in range(len(OFFLOAD_TIMINGS)) if (t, g, k) in self.v]
+            ks = self.ks.get((t, g))
             if not ks:
                 return None
-            # the longest timing that holds the value no longer than the given one each way
-            k = max((k for k in ks if OFFLOAD_TIMINGS[k][0] <= ev.delay and OFFLOAD_TIMINGS[k][1] <= ev.lead),
+            # its own timing, else the longest that holds the value no longer each way
+            k = max((k for k in ks if self.timing[t, g, k][0] <= ev.delay and self.timing[t, g, k][1] <= ev.lead),
+                    key=lambda k: (self.timing[t, g, k] == (ev.delay, ev.lead), self.timing[t, g, k]),
                     default=ks[0])
             x[self.o[t, g]] = x[self.v[t, g, k]] = 1.0
         for s, opts in self.options.items():
