@@ -21,6 +21,11 @@ from it where the model admits it), both lowered, placed and simulated by the pl
 
 Times are in microseconds on the device profile's cost model (``--profile``). Batch sizes are small
 so that the step count stays tractable; each solve stops at ``--time-limit`` seconds.
+
+``--agreement`` prints instead how far the model is from the lowering: for random decisions
+(each gap dropped with probability 0.15 where it can be, else offloaded with 0.1 at a random
+timing of OFFLOAD_TIMINGS; random algorithms), the model's peak and per-stage memory less the
+lowered program's, and its time over the simulator's.
 """
 from __future__ import annotations
 
@@ -37,6 +42,10 @@ from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, minimum_bytes, plan_memory
 from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.optimal import solve_reference
+from minidnn.memory.optimal_model import OFFLOAD_TIMINGS, RECOMPUTE, Model
+from minidnn.memory.planner import algorithm_options
+from minidnn.memory.program import Evict, lower
+from minidnn.memory.simulator import memory_curve, simulate
 from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
 
 NETS = {
@@ -124,13 +133,72 @@ def print_table(rows):
         print("| " + " | ".join(cells) + " |")
 
 
+def stages(program):
+    """The schedule step each program step belongs to: a copy or a recomputation that of the
+    compute step it precedes (an offload: follows), a compute step its own."""
+    out, pending, last = [], 0, 0
+    for s, origin in zip(program.steps, program.origin):
+        if s.kind == "offload":
+            out.append(last)
+        elif s.kind in ("prefetch", "recompute"):
+            out.append(None)
+            pending += 1
+        else:
+            last = origin
+            out[len(out) - pending:] = [origin] * pending
+            out.append(origin)
+            pending = 0
+    return np.array([last if o is None else o for o in out])
+
+
+def agreement(profile, keys, trials=60):
+    rng = np.random.default_rng(0)
+    print("| network | steps | decisions | peak: model - lowered (B) | per stage (B) | time: model / simulated - 1 |")
+    print("|---|---|---|---|---|---|")
+    for key in keys:
+        label, build, shape = NETS[key]
+        sched = schedule_of(build, shape)
+        cost = CachedCost(ProfileCost(profile))
+        options = algorithm_options(sched, cost)
+        model = Model(sched, cost, options=options)
+        peaks, stage, times = [], [], []
+        for _ in range(trials):
+            ev = {}
+            for key_ in set(model.d) | set(model.o):
+                r = rng.random()
+                if key_ in model.d and r < 0.15:
+                    ev[key_] = RECOMPUTE
+                elif key_ in model.o and r > 0.9:
+                    ev[key_] = Evict("offload", *OFFLOAD_TIMINGS[rng.integers(len(OFFLOAD_TIMINGS))])
+            algos = {s: opts[int(rng.integers(len(opts)))][1] for s, opts in options.items()}
+            seen = model.evaluate(ev, algos)
+            if seen is None:
+                continue
+            ev = model.decisions(seen.x)[0]     # the timings the model took
+            program = lower(sched, ev, model.touch, algos)
+            curve = memory_curve(program)
+            per = np.zeros(len(sched.steps), np.int64)
+            np.maximum.at(per, stages(program), curve)
+            modelled = np.array([max(total.value(seen.x) for _, total in model._points(s)) for s in range(model.n)])
+            peaks.append(seen.peak - int(curve.max()))
+            stage.append((modelled - per).min())
+            stage.append((modelled - per).max())
+            times.append(seen.seconds / simulate(program, sched, cost, algos=algos).seconds - 1)
+        print(f"| {label} | {len(sched.steps)} | {len(peaks)} | {min(peaks)} to {max(peaks)} | "
+              f"{min(stage):.0f} to {max(stage):.0f} | {min(times):+.1%} to {max(times):+.1%} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="v100-16gb")
     ap.add_argument("--time-limit", type=float, default=5.0, help="seconds per MILP solve")
     ap.add_argument("--fractions", default="0.8,0.6,0.4")
     ap.add_argument("--nets", default=",".join(NETS))
+    ap.add_argument("--agreement", action="store_true", help="the model against the lowering instead")
     args = ap.parse_args()
+    if args.agreement:
+        agreement(args.profile, args.nets.split(",") if args.nets != ",".join(NETS) else ["dag0", "dag1", "resnet20"])
+        return
     fractions = [float(f) for f in args.fractions.split(",")]
     began = time.perf_counter()
     rows = []
