@@ -178,11 +178,15 @@ class Model:
         return _Affine(1.0 if u in self.keep and s > ts[-1] else 0.0)
 
     def _host_valid(self, u, s) -> list:
-        """The offloads of ``u`` whose host copy is valid in stage ``s`` (see _host_copies)."""
+        """The offloads of ``u`` whose host copy is valid in stage ``s`` (see _host_copies), also
+        past its last touch: the lowering restores it from there for a later chain."""
         ts = self.touch.get(u)
-        if ts is None or u in self.skip or not ts[0] < s <= ts[-1]:
+        if ts is None or u in self.skip or len(ts) < 2 or s <= ts[0]:
             return []
-        g = int(np.searchsorted(ts, s)) - 1            # the gap that s lies in, or closes
+        step = self.schedule.steps[ts[-1]]
+        if s > ts[-1] and (u in step.writes or u in step.updates):
+            return []
+        g = min(int(np.searchsorted(ts, s)), len(ts) - 1) - 1   # the gap that s lies in or closes, or the last
         return self.earlier[u, g] + ([self.o[u, g]] if (u, g) in self.o else [])
 
     def _arena_ins(self, p):
