@@ -23,44 +23,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 import minidnn
 from minidnn import nn
 from minidnn.memory import placement
+from minidnn.models.random_dag import CLASSES, OPS, SHAPE, RandomDag
 
-SHAPE = (2, 4, 6, 6)
-CLASSES = 3
 EPS = 1e-5
 MOMENTUM = 0.1
-
-
-# -- the network --------------------------------------------------------------------------------
-
-class RandomDag(nn.Module):
-    def __init__(self, spec):
-        super().__init__()
-        self.spec = [tuple(n) for n in spec]
-        for k, node in enumerate(self.spec, start=1):
-            op = node[0]
-            if op == "conv":
-                setattr(self, f"n{k}", nn.Conv2d(4, 4, 3, padding=1))
-            elif op == "cat":
-                setattr(self, f"n{k}", nn.Conv2d(8, 4, 1))
-            elif op == "bn":
-                setattr(self, f"n{k}", nn.BatchNorm2d(4))
-            elif op == "relu":
-                setattr(self, f"n{k}", nn.ReLU())
-            elif op == "pool":
-                setattr(self, f"n{k}", nn.MaxPool2d(3, stride=1, padding=1))
-        self.fc = nn.Linear(4 * 6 * 6, CLASSES)
-
-    def forward(self, x):
-        vals = [x]
-        for k, node in enumerate(self.spec, start=1):
-            op = node[0]
-            if op == "add":
-                vals.append(vals[node[1]] + vals[node[2]])
-            elif op == "cat":
-                vals.append(getattr(self, f"n{k}")(nn.functional.cat([vals[node[1]], vals[node[2]]], dim=1)))
-            else:
-                vals.append(getattr(self, f"n{k}")(vals[node[1]]))
-        return self.fc(nn.functional.flatten(vals[-1], 1))
 
 
 # -- an independent NumPy reference (float64): forward, then reverse-mode over the same DAG -------
@@ -180,9 +146,6 @@ def reference(spec, params, x, y):
 
 
 # -- generating DAGs ----------------------------------------------------------------------------
-
-OPS = ["conv", "relu", "add", "cat", "bn", "pool"]
-
 
 @st.composite
 def dags(draw, max_nodes=8):
