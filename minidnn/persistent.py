@@ -3,9 +3,16 @@
 One allocation holds them all for the whole run. Parameters are moved in (their
 ``data`` becomes a view of the region, cast to the training dtype) so that the
 modules, the state_dict and the executor share one copy.
+
+The network's arrays are the truth: where one was replaced since the trainer
+moved it in (``p.data = ...``, or another trainer compiled on the same network
+moved it into its own region), :meth:`PersistentStore.adopt` copies it back in
+before the trainer runs, so every trainer of a network trains its current weights.
 """
 from __future__ import annotations
 
+
+from .errors import ShapeError
 from .schedule import OPT_STATE, PARAM, PARAM_GRAD, STATE, aligned
 
 
@@ -16,6 +23,7 @@ class PersistentStore:
         self.nbytes = sum(aligned(t.nbytes) for t in tensors)
         self.region = backend.empty(self.nbytes)
         self._views = {}                      # (category, id(param), state index) -> array
+        self._owned = {}                      # id(param) -> [param, its view, its gradient's view]
         off = 0
         for t in tensors:
             p = t.value.param
@@ -25,18 +33,31 @@ class PersistentStore:
             if t.category in (PARAM, STATE):
                 backend.write(view, p.data)
                 p.data = view
+                self._owned.setdefault(id(p), [p, None, None])[1] = view
             else:
                 view[...] = 0
                 if t.category == PARAM_GRAD:
                     p.grad = view
+                    self._owned.setdefault(id(p), [p, None, None])[2] = view
             self._views[key] = view
 
     def view(self, tensor):
         """The array holding persistent ``tensor`` (possibly of another schedule of the same model)."""
-        p = tensor.value.param
-        if tensor.category in (PARAM, STATE):
-            return p.data
-        return self._views[(tensor.category, id(p), tensor.slot)]
+        return self._views[(tensor.category, id(tensor.value.param), tensor.slot)]
 
     def optimizer_state(self, p, name):
         return self._views[(OPT_STATE, id(p), name)]
+
+    def adopt(self):
+        """Copy in every parameter and buffer array of the network that is no longer this region's
+        (cast to the training dtype), and point it back here; its gradient too."""
+        for p, view, grad in self._owned.values():
+            if view is not None and p.data is not view:
+                data = p.data
+                if tuple(data.shape) != view.shape:
+                    raise ShapeError(f"{p.qualname}: the network's array has shape {tuple(data.shape)}, "
+                                     f"the trainer's {view.shape}; load weights with net.load_state_dict")
+                self.backend.write(view, data)
+                p.data = view
+            if grad is not None and p.grad is not grad:
+                p.grad = grad

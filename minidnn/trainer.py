@@ -179,8 +179,10 @@ class Trainer:
         return loss_node.inputs[0].shape[1]
 
     def step(self, x, y) -> float:
-        """One training step on a batch; returns the loss."""
+        """One training step on a batch; returns the loss. The network's current arrays are
+        trained, whichever trainer or assignment set them (see ``compile``)."""
         x = self._check_input(x)
+        self.store.adopt()
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
@@ -222,6 +224,7 @@ class Trainer:
     def predict(self, x) -> np.ndarray:
         """The network's output for ``x`` in eval mode (a new array)."""
         x = self._check_input(x)
+        self.store.adopt()
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
         ctx = Context.on(self.backend, self.rng)
         return self.executor.run(plan, ctx, [x])[plan.schedule.outputs[0]]
@@ -258,5 +261,10 @@ def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, d
     fraction of the liveness peak) or None for no limit. ``seed`` seeds the
     trainer's own random stream (dropout), so seeded runs repeat bit for bit.
     Every ``trace_every``-th training step is recorded (``trainer.trace``; 0: none).
+
+    Several trainers may be compiled on one network: each trains the network's current
+    weights (a trainer copies them in where another trainer, or an assignment to
+    ``p.data``, replaced its arrays) and keeps its own optimizer state and step count,
+    as two PyTorch optimizers over one model do.
     """
     return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every)
