@@ -2,7 +2,10 @@
 
 One allocation holds them all for the whole run. Parameters are moved in (their
 ``data`` becomes a view of the region, cast to the training dtype) so that the
-modules, the state_dict and the executor share one copy.
+modules, the state_dict and the executor share one copy. The buffers (BatchNorm's
+running statistics, which a step's forwards move) come first and side by side,
+so that a step's transaction saves and restores them with one copy
+(minidnn.transaction).
 
 The network's arrays are the truth: where one was replaced since the trainer
 moved it in (``p.data = ...``, or another trainer compiled on the same network
@@ -11,15 +14,21 @@ before the trainer runs, so every trainer of a network trains its current weight
 """
 from __future__ import annotations
 
+import numpy as np
 
 from .errors import ShapeError
+from .nn.module import Buffer
 from .schedule import OPT_STATE, PARAM, PARAM_GRAD, STATE, aligned
+
+
+def _moved_by_forward(t):
+    return t.category == STATE or isinstance(t.value.param, Buffer)
 
 
 class PersistentStore:
     def __init__(self, backend, schedule, optimizer):
         self.backend = backend
-        tensors = [t for t in schedule.tensors if t.persistent]
+        tensors = sorted((t for t in schedule.tensors if t.persistent), key=lambda t: not _moved_by_forward(t))
         self.nbytes = sum(aligned(t.nbytes) for t in tensors)
         self.region = backend.empty(self.nbytes)
         self._views = {}                      # (category, id(param), state index) -> array
@@ -40,6 +49,7 @@ class PersistentStore:
                     p.grad = view
                     self._owned.setdefault(id(p), [p, None, None])[2] = view
             self._views[key] = view
+        self.buffers = self.region[:sum(aligned(t.nbytes) for t in tensors if _moved_by_forward(t))]
 
     def view(self, tensor):
         """The array holding persistent ``tensor`` (possibly of another schedule of the same model)."""
@@ -61,3 +71,10 @@ class PersistentStore:
                 p.data = view
             if grad is not None and p.grad is not grad:
                 p.grad = grad
+
+    def save_buffers(self) -> np.ndarray:
+        """A host copy of the buffers (what a step changes before its update)."""
+        return np.array(self.backend.to_host(self.buffers))
+
+    def restore_buffers(self, saved):
+        self.backend.write(self.buffers, saved)

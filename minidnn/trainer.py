@@ -16,6 +16,7 @@ from .ops.loss import MeanOfLossesOp
 from .persistent import PersistentStore
 from .split_graph import split_graph
 from .trace import Recorder
+from .transaction import atomic_step
 
 
 class Trainer:
@@ -179,24 +180,34 @@ class Trainer:
         return loss_node.inputs[0].shape[1]
 
     def step(self, x, y) -> float:
-        """One training step on a batch; returns the loss. The network's current arrays are
-        trained, whichever trainer or assignment set them (see ``compile``)."""
-        x = self._check_input(x)
+        """One training step on a batch; returns the loss.
+
+        All or nothing (minidnn.transaction): on any exception the parameters, optimizer state,
+        BatchNorm statistics, counters and random stream are those of before the step. Ctrl-C is
+        raised between two of its kernels before the update, or else once the step is done.
+        The network's current arrays are trained, whichever trainer or assignment set them
+        (see ``compile``)."""
         self.store.adopt()
+        with atomic_step(self.store, self.rng) as txn:
+            return self._step(x, y, txn)
+
+    def _step(self, x, y, txn):
+        x = self._check_input(x)
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
         t = self.steps_done + 1
         if isinstance(plan, SubBatchPlan):
-            loss = self._step_split(plan, ctx, x, y, t)
+            loss = self._step_split(plan, ctx, x, y, t, txn)
         elif isinstance(plan, StagedPlan):
             b = plan.sub_batch
             feeds = [a for j in range(plan.k) for a in (x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])]
-            out = self.executor.run(plan.plan, ctx, feeds, self.optimizer, t, recorder=self.recorder)
+            out = self.executor.run(plan.plan, ctx, feeds, self.optimizer, t, recorder=self.recorder, txn=txn)
             loss = float(out[plan.schedule.loss])
         else:
-            out = self.executor.run(plan, ctx, [x, y], self.optimizer, t, recorder=self.recorder)
+            out = self.executor.run(plan, ctx, [x, y], self.optimizer, t, recorder=self.recorder, txn=txn)
             loss = float(out[plan.schedule.loss])
+        txn.commit()
         self.steps_done += 1
         for m in self.net.modules():
             nbt = getattr(m, "num_batches_tracked", None)
@@ -204,7 +215,7 @@ class Trainer:
                 nbt.data += plan.k if isinstance(plan, SubBatchPlan) else 1
         return loss
 
-    def _step_split(self, plan, ctx, x, y, t):
+    def _step_split(self, plan, ctx, x, y, t, txn):
         """k sub-batches adding their gradients, then one update; the loss is their mean."""
         for p in self.net.parameters():
             if p.grad is not None:
@@ -214,10 +225,10 @@ class Trainer:
         b = plan.sub_batch
         for j in range(plan.k):
             out = self.executor.run(plan.sub, ctx, [x[j * b:(j + 1) * b], y[j * b:(j + 1) * b]], t=t,
-                                    recorder=self.recorder if j == 0 else None)
+                                    recorder=self.recorder if j == 0 else None, txn=txn)
             losses.append(float(out[plan.sub.schedule.loss]))
             high = max(high, self.executor.high_water_bytes)
-        self.executor.run(plan.update, ctx, [], self.optimizer, t)
+        self.executor.run(plan.update, ctx, [], self.optimizer, t, txn=txn)
         self.executor.high_water_bytes = max(high, self.executor.high_water_bytes)
         return float(np.mean(losses))
 
@@ -227,7 +238,8 @@ class Trainer:
         self.store.adopt()
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
         ctx = Context.on(self.backend, self.rng)
-        return self.executor.run(plan, ctx, [x])[plan.schedule.outputs[0]]
+        with atomic_step() as txn:               # Ctrl-C at safe points only
+            return self.executor.run(plan, ctx, [x], txn=txn)[plan.schedule.outputs[0]]
 
     @property
     def trace(self):
