@@ -12,6 +12,7 @@ a staged one (exact BatchNorm), and on Adam, whose update is a sequence of in-pl
 import os
 import signal
 import sys
+import tracemalloc
 import zlib
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 import minidnn as mdn
 from harness import host
 from minidnn import nn, optim
+from minidnn.graph import Spec
 from minidnn.memory import MemoryConfig
 from networks import make_resnet
 
@@ -215,3 +217,26 @@ def test_a_failed_step_leaves_no_copy_queued_and_the_next_step_is_exact():
     assert not differing(state_of(trainer), before)
     assert trainer.step(x, y) == reference.step(x, y)
     assert not differing(state_of(trainer), state_of(reference))
+
+
+@pytest.mark.parametrize("opt", [optim.SGD(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=1e-4),
+                                 optim.SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4),
+                                 optim.Adam(lr=1e-3, weight_decay=1e-4), optim.AdamW(lr=1e-3)],
+                         ids=["sgd-dampening", "sgd-nesterov", "adam", "adamw"])
+def test_an_update_allocates_nothing_so_nothing_fails_halfway_through_the_updates(opt):
+    """The array-operation updates (those of backends without a fused kernel) take every scratch
+    array from their workspace: an allocation that fails (a device out of memory) could otherwise
+    stop a step with some parameters updated and others not."""
+    rng = np.random.default_rng(0)
+    n = 1 << 16
+    p, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    states = [np.zeros(n, np.float32) for _ in opt.state_names]
+    ws = np.empty(opt.workspace(Spec((n,), np.float32)), np.uint8)
+    for t in (1, 2):
+        tracemalloc.start()
+        try:
+            opt.update(p, g, states, ws, t)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < p.nbytes // 8, f"step {t}: {peak} B allocated for a {p.nbytes} B parameter"
