@@ -33,11 +33,11 @@ def batch(seed):
     return rng.standard_normal(SHAPE).astype(np.float32), rng.integers(0, 10, SHAPE[0])
 
 
-def build(memory=None, optimizer="sgd", dropout=True):
+def build(memory=None, optimizer="sgd", dropout=True, device="cpu"):
     net = make_resnet(nn, dropout=dropout).init_parameters(0)
     opt = (optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
            else optim.Adam(lr=1e-3, weight_decay=1e-4))
-    return mdn.compile(net, SHAPE, nn.CrossEntropyLoss(), opt, memory=memory, seed=1)
+    return mdn.compile(net, SHAPE, nn.CrossEntropyLoss(), opt, memory=memory, seed=1, device=device)
 
 
 def state_of(trainer):
@@ -179,8 +179,8 @@ def test_a_sigint_from_a_timer_during_a_step():
     assert interrupted
 
 
-def test_a_non_finite_loss_leaves_the_batch_norm_statistics_as_they_were():
-    trainer = build()
+def test_a_non_finite_loss_leaves_the_batch_norm_statistics_as_they_were(device):
+    trainer = build(device=device)
     trainer.step(*batch(0))
     before = state_of(trainer)
     trainer.net.fc.weight.data[0, 0] = np.inf         # finite statistics, then a non-finite loss
