@@ -212,9 +212,9 @@ class Executor:
         last = len(steps) - 1
         for i, step in enumerate(steps):
             if txn is not None:
+                txn.poll()                    # the last chance to stop comes before the first update
                 if i == b.first_update:
                     txn.commit()
-                txn.poll()
             for off, size, tid in b.allocs[i]:
                 if self.check:
                     self._check_free(live, off, size, tid, plan, step)
