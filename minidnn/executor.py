@@ -19,6 +19,7 @@ import numpy as np
 
 from .errors import NumericalError
 from .schedule import aligned
+from .transaction import InterruptGuard
 
 POISON_BYTE = 0xFF   # all-ones is a NaN in every float format
 
@@ -103,6 +104,7 @@ class _Bound:
             self.frees[r.end].append((plan.offsets[k], size, r.tensor, r.wait_offload))
         self.fetch = list(plan.schedule.outputs) + ([plan.schedule.loss] if plan.schedule.loss is not None else [])
         self.touched = [[t for t in s.touched if not prog.tensors[t].persistent] for s in prog.steps]
+        self.first_update = next((i for i, s in enumerate(prog.steps) if s.kind == "update"), None)
 
 
 class _Tracing:
@@ -164,36 +166,43 @@ class Executor:
     def bind(self, plan) -> _Bound:
         b = self._bound.get(id(plan))
         if b is None:
-            grown = False
             if plan.arena_bytes > self.arena.nbytes:
+                self._bound.clear()         # first: an interrupt must not leave plans bound to a dropped arena
                 self.arena = self.backend.empty(plan.arena_bytes)
-                grown = True
                 if self.poison:
                     self.arena[...] = POISON_BYTE
             if plan.host_bytes > self.host.nbytes:
+                self._bound.clear()
                 self.host = self.backend.host_empty(plan.host_bytes)   # allocated once, up front
-                grown = True
             if plan.host_bytes and self.copies is None:
                 self.copies = self.backend.copy_stream()
-            if grown:
-                self._bound.clear()
             b = self._bound[id(plan)] = _Bound(plan, self.arena, self.host, self.store)
         return b
 
-    def run(self, plan, ctx, feeds, optimizer=None, t=0, profile=False, recorder=None) -> dict:
+    def run(self, plan, ctx, feeds, optimizer=None, t=0, profile=False, recorder=None, txn=None) -> dict:
         """Run one iteration of ``plan``; ``feeds`` are the arrays for the load step.
 
         Returns host copies of the graph outputs and the loss, by tensor id.
         With ``profile``, ``step_seconds`` gets each step's wall time; a
         ``recorder`` (minidnn.trace.Recorder) gets spans and memory events.
+        ``txn`` (a minidnn.transaction.Step) is polled before each program
+        step, where a held Ctrl-C may be raised, and committed before the
+        first update. On an exception the copy stream is drained first: no
+        copy of the abandoned iteration lands in a buffer the next one uses.
         """
         b = self.bind(plan)
         rec = recorder if recorder is not None and recorder.begin(t) else None
-        with self.backend.compute_scope():
-            return self._run(plan, b, ctx, feeds, optimizer, t, profile,
-                             _Tracing(rec, plan, self) if rec is not None else None)
+        try:
+            with self.backend.compute_scope():
+                return self._run(plan, b, ctx, feeds, optimizer, t, profile,
+                                 _Tracing(rec, plan, self) if rec is not None else None, txn)
+        except BaseException:
+            if self.copies is not None:
+                with InterruptGuard():
+                    self.copies.drain()
+            raise
 
-    def _run(self, plan, b, ctx, feeds, optimizer, t, profile, tr) -> dict:
+    def _run(self, plan, b, ctx, feeds, optimizer, t, profile, tr, txn) -> dict:
         steps = plan.program.steps
         live: dict[int, tuple] = {}
         offloads: dict[int, object] = {}     # offload step index -> event
@@ -204,6 +213,10 @@ class Executor:
         feed = dict(zip(plan.schedule.inputs, feeds))      # input tensor id -> its array
         last = len(steps) - 1
         for i, step in enumerate(steps):
+            if txn is not None:
+                txn.poll()                    # the last chance to stop comes before the first update
+                if i == b.first_update:
+                    txn.commit()
             for off, size, tid in b.allocs[i]:
                 if self.check:
                     self._check_free(live, off, size, tid, plan, step)

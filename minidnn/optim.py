@@ -43,7 +43,9 @@ class Optimizer:
 
     def update(self, p, g, states, ws, t, k=None):
         """Update parameter ``p`` in place from gradient ``g``; ``t`` counts steps from 1; ``k``: the
-        backend's kernels, whose fused updates an optimizer may use (None: array operations)."""
+        backend's kernels, whose fused updates an optimizer may use (None: array operations).
+        It allocates nothing (scratch comes from ``ws``), so nothing can fail halfway through a
+        step's updates (minidnn.transaction)."""
         raise NotImplementedError
 
     def state_dict(self):
@@ -100,8 +102,9 @@ class SGD(Optimizer):
                 np.copyto(buf, grad)
             else:
                 buf *= dt(self.momentum)
-                if self.dampening:
-                    buf += dt(1 - self.dampening) * grad
+                if self.dampening:          # (no Nesterov with dampening: grad is not read again)
+                    np.multiply(grad, dt(1 - self.dampening), out=d)
+                    buf += d
                 else:
                     buf += grad
             step = buf
@@ -148,9 +151,10 @@ class Adam(Optimizer):
             a += g
         else:
             np.copyto(a, g)
-        m *= dt(self.beta1)
-        m += dt(1 - self.beta1) * a
         np.multiply(a, a, out=b)
+        a *= dt(1 - self.beta1)
+        m *= dt(self.beta1)
+        m += a
         v *= dt(self.beta2)
         b *= dt(1 - self.beta2)
         v += b

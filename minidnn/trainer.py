@@ -15,6 +15,7 @@ from .memory.subbatch import Splits, plan_eval, plan_step
 from .persistent import PersistentStore
 from .split_graph import split_graph
 from .trace import Recorder
+from .transaction import atomic_step
 
 
 class Trainer:
@@ -148,16 +149,28 @@ class Trainer:
         return y
 
     def step(self, x, y) -> float:
-        """One training step on a batch; returns the loss."""
+        """One training step on a batch; returns the loss.
+
+        All or nothing (minidnn.transaction): on any exception the parameters, optimizer state,
+        BatchNorm statistics, counters and random stream are those of before the step. Ctrl-C is
+        raised between two of its kernels before the update, or else once the step is done.
+        The network's current arrays are trained, whichever trainer or assignment set them
+        (see ``compile``)."""
+        self.store.adopt()
+        with atomic_step(self.store, self.rng) as txn:
+            return self._step(x, y, txn)
+
+    def _step(self, x, y, txn):
         x = self._check_input(x)
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
         if self.parallel is not None:
             self.parallel.begin(ctx, plan, x.shape[0])
-        loss = plan.run(self.executor, ctx, x, y, self.optimizer, self.steps_done + 1, self.recorder)
+        loss = plan.run(self.executor, ctx, x, y, self.optimizer, self.steps_done + 1, self.recorder, txn)
         if self.parallel is not None:
             loss = self.parallel.end(ctx, loss)
+        txn.commit()
         self.steps_done += 1
         for m in self.net.modules():
             nbt = getattr(m, "num_batches_tracked", None)
@@ -168,8 +181,10 @@ class Trainer:
     def predict(self, x) -> np.ndarray:
         """The network's output for ``x`` in eval mode (a new array)."""
         x = self._check_input(x)
+        self.store.adopt()
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
-        return plan.run(self.executor, Context.on(self.backend, self.rng), x)
+        with atomic_step() as txn:               # Ctrl-C at safe points only
+            return plan.run(self.executor, Context.on(self.backend, self.rng), x, txn=txn)
 
     @property
     def trace(self):
@@ -206,5 +221,10 @@ def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, d
     With ``parallel`` (a :class:`minidnn.distributed.DataParallel`), this process is one rank of
     data-parallel training: ``input_shape``'s batch is the global mini-batch, and ``step`` takes
     this rank's slice of it (``DataLoader(shard=parallel.shard_of)``).
+
+    Several trainers may be compiled on one network: each trains the network's current
+    weights (a trainer copies them in where another trainer, or an assignment to
+    ``p.data``, replaced its arrays) and keeps its own optimizer state and step count,
+    as two PyTorch optimizers over one model do.
     """
     return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel)

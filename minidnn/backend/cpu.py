@@ -174,9 +174,12 @@ class CopyStream:
                 np.copyto(dst, src)
             except BaseException as e:  # surfaced to the compute thread on wait()
                 self._error = e
-            if on_done is not None:
-                on_done(start, time.perf_counter())
-            done.set()
+            try:
+                if on_done is not None:
+                    on_done(start, time.perf_counter())
+            finally:
+                done.set()
+                self._q.task_done()
 
     def copy(self, dst, src, on_done=None) -> threading.Event:
         """Queue ``dst[...] = src``; ``on_done(start, end)`` runs on the copy thread when it is done."""
@@ -189,6 +192,12 @@ class CopyStream:
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"copy stream failed: {err}") from err
+
+    def drain(self):
+        """Wait until every queued copy is done, and forget a failed one's error (its iteration was
+        abandoned): after an exception, nothing lands later in memory the next iteration uses."""
+        self._q.join()
+        self._error = None
 
     def close(self):
         self._q.put(None)

@@ -84,10 +84,11 @@ class Plan:
             node = node.inputs[0].producer
         return node.inputs[0].shape[1]
 
-    def run(self, executor, ctx, x, y=None, optimizer=None, t=0, recorder=None):
+    def run(self, executor, ctx, x, y=None, optimizer=None, t=0, recorder=None, txn=None):
         """Carry out the step on ``x`` (and labels ``y`` in training) with ``executor``: the loss as a float,
-        or for an eval pass the network's output (a host array)."""
-        out = executor.run(self, ctx, [x] if y is None else [x, y], optimizer, t, recorder=recorder)
+        or for an eval pass the network's output (a host array). ``txn``: the step's transaction
+        (minidnn.transaction), whose safe points the executor passes."""
+        out = executor.run(self, ctx, [x] if y is None else [x, y], optimizer, t, recorder=recorder, txn=txn)
         return float(out[self.schedule.loss]) if self.schedule.loss is not None else out[self.schedule.outputs[0]]
 
     # -- views used by the executor, tests and traces ---------------------------

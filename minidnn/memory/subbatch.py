@@ -152,7 +152,7 @@ class SubBatchPlan:
             raise AttributeError(name)
         return getattr(self.sub, name)
 
-    def run(self, executor, ctx, x, y, optimizer=None, t=0, recorder=None) -> float:
+    def run(self, executor, ctx, x, y, optimizer=None, t=0, recorder=None, txn=None) -> float:
         """k sub-batches adding their gradients, then one update; the loss is their mean."""
         for tensor in self.sub.schedule.tensors:
             if tensor.category == PARAM_GRAD:
@@ -163,9 +163,9 @@ class SubBatchPlan:
         for j in range(self.k):
             ctx.grads = grads if j == self.k - 1 else None
             losses.append(self.sub.run(executor, ctx, x[j * b:(j + 1) * b], y[j * b:(j + 1) * b], None, t,
-                                       recorder if j == 0 else None))
+                                       recorder if j == 0 else None, txn))
             high = max(high, executor.high_water_bytes)
-        executor.run(self.update, ctx, [], optimizer, t)
+        executor.run(self.update, ctx, [], optimizer, t, txn=txn)
         executor.high_water_bytes = max(high, executor.high_water_bytes)
         return float(np.mean(losses))
 
@@ -242,11 +242,11 @@ class StagedPlan:
             raise AttributeError(name)
         return getattr(self.plan, name)
 
-    def run(self, executor, ctx, x, y, optimizer=None, t=0, recorder=None) -> float:
+    def run(self, executor, ctx, x, y, optimizer=None, t=0, recorder=None, txn=None) -> float:
         """The iteration on every sub-batch's samples and labels (its inputs, sub-batch by sub-batch)."""
         b = self.sub_batch
         feeds = [a for j in range(self.k) for a in (x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])]
-        out = executor.run(self.plan, ctx, feeds, optimizer, t, recorder=recorder)
+        out = executor.run(self.plan, ctx, feeds, optimizer, t, recorder=recorder, txn=txn)
         return float(out[self.plan.schedule.loss])
 
     def summary(self, top=10) -> str:
@@ -311,10 +311,10 @@ class ChunkedPlan:
             raise AttributeError(name)
         return getattr(self.plan, name)
 
-    def run(self, executor, ctx, x, y=None, optimizer=None, t=0, recorder=None) -> np.ndarray:
+    def run(self, executor, ctx, x, y=None, optimizer=None, t=0, recorder=None, txn=None) -> np.ndarray:
         b = self.sub_batch
         return np.concatenate([self.plan.run(executor, ctx, x[j * b:(j + 1) * b], None, None, t,
-                                             recorder if j == 0 else None) for j in range(self.k)])
+                                             recorder if j == 0 else None, txn) for j in range(self.k)])
 
     def summary(self, top=10) -> str:
         head = (f"eval in {self.k} chunks of {self.sub_batch}; peak {format_bytes(self.peak_bytes)} "

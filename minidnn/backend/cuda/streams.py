@@ -62,6 +62,10 @@ class CudaCopyStream:
             event.on_done(event.enqueued, event.enqueued + seconds)
             event.on_done = None
 
+    def drain(self):
+        """Wait until every queued copy is done (after an exception: nothing lands later)."""
+        self.stream.synchronize()
+
     def close(self):
         self.stream.synchronize()
 
