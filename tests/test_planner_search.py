@@ -55,7 +55,8 @@ def test_kept_chain_inputs_recompute_less_and_change_no_bit():
     """Every value dropped and recomputed (chains of dropped inputs): keeping a chain's inputs for a
     next use within the horizon runs fewer recompute steps, and training gives the same bits."""
     import minidnn
-    from minidnn.memory.planner import _Candidates, make_plan
+    from minidnn.memory.greedy import Greedy
+    from minidnn.memory.planner import make_plan
 
     shape = (4, 3, 16, 16)
 
@@ -71,7 +72,7 @@ def test_kept_chain_inputs_recompute_less_and_change_no_bit():
         ref.step(x, y)
     sched = ref.plan.schedule
     cost, touch = ProfileCost("titanx-12gb"), touches(sched)
-    ev = _Candidates(sched, cost, touch, allow_recompute=True, allow_offload=False).all()
+    ev = Greedy(sched, cost, touch, allow_recompute=True, allow_offload=False).all()
     assert ev and all(e.kind == "recompute" for e in ev.values())
     recomputes = {}
     for keep in (0, 64):

@@ -12,7 +12,6 @@ import functools
 import gc
 import math
 
-import numpy as np
 
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
@@ -20,8 +19,9 @@ from .baselines import CheckpointSqrt
 from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
 from .placement import place_program
+from .greedy import Greedy
 from .plan import Plan
-from .program import Evict, lower, recompute_seconds, touches
+from .program import lower, touches
 from .simulator import memory_curve, simulate
 from .transfers import timed_transfers
 
@@ -88,9 +88,10 @@ class AutoPolicy:
     Repeatedly takes the step where the most bytes are live and evicts, among
     the tensors idle across it, the one that frees the most bytes per second
     of predicted overhead: an offload costs the part of its two transfers that
-    the compute inside its gap cannot hide; a recomputation costs its
-    producer's forward (and that of any dropped input it needs). Exact
-    placement is checked after each round; fragmentation tightens the target.
+    the compute inside its gap cannot hide; a recomputation costs the chain its
+    lowering runs (greedy.py: the curve it plans against is the lowered
+    program's). Exact placement is checked after; fragmentation tightens the
+    target.
     ``plan_memory`` then times the copies and turns recomputations into
     offloads where the copy stream has room left (transfers.py).
     """
@@ -116,156 +117,8 @@ class AutoPolicy:
         """``choose`` for one schedule at any number of limits: a function limit -> (evictions,
         algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
         so one run of it, continued as lower limits are asked for, answers every limit."""
-        return _Candidates(schedule, cost, touch, self.recompute, self.offload, options, algos,
+        return Greedy(schedule, cost, touch, self.recompute, self.offload, options, algos,
                            self.copies_free).greedy
-
-
-class _Candidates:
-    """Every gap of every arena tensor, with what evicting it frees and costs."""
-
-    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
-                 copies_free=False):
-        self.schedule, self.touch = schedule, touch
-        self.options, self.algos = options or {}, dict(algos or {})
-        steps = schedule.steps
-        self.secs = np.array([cost.step_seconds(schedule, s) for s in steps])
-        self.cum = np.concatenate([[0.0], np.cumsum(self.secs)])
-        n = len(steps)
-        tensors = schedule.tensors
-        keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
-        first = np.fromiter((ts[0] for ts in touch.values()), np.int64, len(touch))
-        last = np.fromiter((n - 1 if t in keep else ts[-1] for t, ts in touch.items()), np.int64, len(touch))
-        size = schedule.tensor_bytes[np.fromiter(touch, np.int64, len(touch))]
-        diff = np.zeros(n + 1, np.int64)
-        np.add.at(diff, first, size)
-        np.subtract.at(diff, last + 1, size)
-        self.curve = np.cumsum(diff[:-1])
-        for i, a in self.algos.items():           # the chosen algorithms' workspaces, not the defaults'
-            st = steps[i]
-            self.curve[i] += aligned(a.workspace) - (aligned(tensors[st.ws].nbytes) if st.ws is not None else 0)
-        producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
-        last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
-        rows, off_cost, xfer, rc_cost = [], [], [], []
-        # what the two copies take from compute even when the gap hides them
-        shared = 0.0 if copies_free else 2 * (1.0 - cost.copy_overlap)
-        cum, sizes = self.cum.tolist(), schedule.tensor_bytes.tolist()   # (faster one by one than arrays)
-        for t, ts in touch.items():
-            size = sizes[t]
-            for g in range(len(ts) - 1):
-                a, b = ts[g], ts[g + 1]
-                if b - a < 2:
-                    continue
-                x = cost.transfer_seconds(tensors[t].nbytes) if allow_offload else np.inf
-                rc = (recompute_seconds(t, b, touch, producer, self.secs)
-                      if allow_recompute and b > last_forward and t in producer else np.inf)
-                if math.isinf(x) and math.isinf(rc):
-                    continue
-                rows.append((t, g, a, b, size))
-                # the copy stream is shared: even a transfer that its gap could hide may delay
-                # others, so each is charged a quarter of its time (the Capuchin-style bias
-                # towards recomputing cheap layers and swapping expensive ones)
-                off_cost.append(max(0.0, 2 * x - (cum[b] - cum[a + 1])) + (0.25 + shared) * x)
-                xfer.append(2 * x)
-                rc_cost.append(rc)
-        self.rows = rows
-        self.A = np.array([r[2] for r in rows], np.int64)
-        self.B = np.array([r[3] for r in rows], np.int64)
-        self.size = np.array([r[4] for r in rows], np.float64)
-        self.off_cost, self.xfer, self.rc_cost = np.array(off_cost), np.array(xfer), np.array(rc_cost)
-        self.taken = np.zeros(len(rows), bool)
-        self.copy_capacity = 0.9 * self.cum[-1]   # what the copy stream can hide behind one iteration
-        self.copy_used = 0.0
-        # the greedy's state: the curve as decided so far, the algorithms then, and each decision
-        # with the curve's peak before it
-        self.live = self.curve.astype(np.float64)
-        self.current = dict(self.algos)
-        self.peaks, self.decisions, self.stuck = [], [], False
-
-    def _costs(self, rows):
-        """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed."""
-        xfer = self.xfer[rows]
-        over = self.copy_used + xfer > self.copy_capacity
-        off = np.where(over, xfer, self.off_cost[rows])   # beyond capacity a copy is exposed
-        rc = self.rc_cost[rows]
-        return np.minimum(off, rc), off <= rc
-
-    def greedy(self, limit):
-        """(evictions {(t, gap): Evict}, algorithms) that bring the approximate curve within
-        ``limit``, or (None, None). Evicts greedily at the peak; the decisions are recorded, so a
-        higher limit than one asked before is answered by a prefix of them and a lower one by
-        continuing from where the last stopped."""
-        peaks, steps = self.peaks, self.decisions
-        k = next((i for i, p in enumerate(peaks) if p <= limit), None)
-        while k is None:
-            s = int(np.argmax(self.live))
-            peak = self.live[s]
-            if peak <= limit:
-                k = len(steps)
-                break
-            decision = None if self.stuck else self._decide(s)
-            if decision is None:
-                self.stuck = True
-                break
-            peaks.append(peak)
-            steps.append(decision)
-        if k is None:
-            return None, None
-        chosen, algos = {}, dict(self.algos)
-        for d in steps[:k]:
-            if d[0] == "algo":
-                algos[d[1]] = d[2]
-            else:
-                chosen[d[1]] = d[2]
-        return chosen, algos
-
-    def _decide(self, s):
-        """Take the cheapest way to lower the curve at its peak, step ``s``: an eviction or a smaller
-        workspace, applied to the curve. The decision, or None if none is left."""
-        curve = self.live
-        idle = np.flatnonzero((self.A < s) & (self.B > s) & ~self.taken)   # the rows that can lower it
-        best = np.inf
-        if len(idle):
-            cost, is_off = self._costs(idle)
-            ratio = (cost + 1e-9) / self.size[idle]
-            j = int(np.argmin(ratio))
-            best = ratio[j]
-        swap = self._cheaper_algorithm(s)
-        if swap is not None and swap[0] <= best:
-            _, freed, algo = swap
-            self.current[s] = algo
-            curve[s] -= freed
-            return ("algo", s, algo)
-        if not len(idle):
-            return None
-        k = int(idle[j])
-        self.taken[k] = True
-        t, g, a, b, size = self.rows[k]
-        if is_off[j]:
-            self.copy_used += self.xfer[k]
-        curve[a + 1:b] -= size
-        return ("evict", (t, g), Evict("offload" if is_off[j] else "recompute"))
-
-    def _cheaper_algorithm(self, s):
-        """(seconds lost per byte freed, bytes freed, Algo) of the best smaller-workspace algorithm at step s."""
-        opts = self.options.get(s)
-        if not opts:
-            return None
-        cur = self.current.get(s, opts[0][1])
-        t_cur = next(t for t, a in opts if a == cur)
-        best = None
-        for t, a in opts:
-            freed = aligned(cur.workspace) - aligned(a.workspace)
-            if freed > 0:
-                r = (max(t - t_cur, 0.0) + 1e-9) / freed
-                if best is None or r < best[0]:
-                    best = (r, freed, a)
-        return best
-
-    def all(self):
-        """Every gap evicted, each by its cheaper way (offload where it cannot be recomputed)."""
-        everything = np.ones(len(self.rows), bool)
-        _, is_off = self._costs(everything)
-        return {(r[0], r[1]): Evict("offload" if o else "recompute") for r, o in zip(self.rows, is_off)}
 
 
 def _collector_paused(fn):
@@ -469,7 +322,7 @@ def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, 
 
 def minimum_plan(schedule, cost, touch, build, options):
     """Everything evictable evicted, just in time, smallest workspaces: the least this planner needs."""
-    return build(_Candidates(schedule, cost, touch, True, True).all(), smallest(options))
+    return build(Greedy(schedule, cost, touch, True, True).all(), smallest(options))
 
 
 @_collector_paused
