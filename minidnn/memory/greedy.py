@@ -30,7 +30,7 @@ class Greedy:
 
     def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
                  copies_free=False):
-        self.schedule, self.touch = schedule, touch
+        self.schedule, self.touch, self.cost = schedule, touch, cost
         self.options, self.algos = options or {}, dict(algos or {})
         steps = self.steps = schedule.steps
         self.secs = np.array([cost.step_seconds(schedule, s) for s in steps])
@@ -107,7 +107,7 @@ class Greedy:
             self._rewalk(c)
         self.live = np.maximum(self.step_live, self.pre + self.chain)
         self.peaks, self.decisions, self.stuck = [], [], False
-        self.knobs_exact = 4                        # candidates costed exactly per decision
+        self.knobs_exact = 16                        # candidates costed exactly per decision
 
     # -- the lowering's state at a step, from the decisions -------------------------------------
     def present(self, u, c) -> bool:
@@ -135,8 +135,9 @@ class Greedy:
         return i == len(w) or w[i] >= c
 
     def walk(self, c):
-        """(peak bytes above ``pre[c]``, seconds, tensors asked about, steps recomputed) of the
-        chain that the lowering runs before step ``c``; (inf, inf, ...) where it cannot restore."""
+        """(peak bytes above ``pre[c]``, seconds it delays the step, tensors asked about, steps
+        recomputed) of the chain that the lowering runs before step ``c``; (inf, inf, ...) where it
+        cannot restore."""
         s = self.steps[c]
         touched = self.touch.by_step[c]
         asked = set(touched)
@@ -164,6 +165,8 @@ class Greedy:
         tensors, algos = self.schedule.tensors, self.current
         peak, secs = restore_footprint(order, present, droppable, self.nbytes,
                                        lambda st: aligned(workspace_bytes(st, algos, tensors)), self.secs)
+        # a chain's prefetch is issued just before the chain: the step waits for all of it
+        secs += sum(self.cost.transfer_seconds(tensors[w].nbytes) for k, w in order if k == "prefetch")
         return float(peak), secs, asked, tuple({w.index for k, w in order if k != "prefetch"})
 
     def _rewalk(self, c):

@@ -177,11 +177,15 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
 
     best = beat = None                   # the fastest plan, and the fastest before its transfers were retimed
 
-    def fitted(variant, convert, prune=True):
+    memo = {}                            # lowerings by decisions, for every search below
+
+    def fitted(variant, convert, prune=True, choose=None):
         nonlocal best, beat
-        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick, beat=beat if prune else None)
+        # one chooser for every horizon: the greedy's decisions do not depend on the lowering's horizon
+        choose = choose or _chooser(variant, schedule, cost, touch, options, quick)
+        plan = _fit(choose, schedule, limit, cost, touch, build, beat=beat if prune else None, memo=memo)
         if plan is not None and _rechains(plan):
-            plan = _keep_chains(variant, schedule, limit, cost, touch, build, options, quick, plan)
+            plan = _keep_chains(choose, schedule, limit, cost, touch, build, plan, memo)
         if plan is None:
             return
         beat = min(beat or math.inf, plan.simulation.seconds)
@@ -201,7 +205,8 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
         # offloaded where the copy stream has room (not pruned: their first lowering recomputes
         # chains again and again, which the horizon search then removes) - unless that first
         # lowering would be too long to plan in seconds (a thousand-layer network's)
-        fitted(sqrt, convert=True, prune=False)
+        segments = sqrt.evictions(schedule, math.inf, cost, touch, quick)   # the same for every target
+        fitted(sqrt, convert=True, prune=False, choose=lambda target: (segments, quick))
     if best is not None:
         return best
     least = minimum_plan(schedule, cost, touch, build, options)
@@ -240,14 +245,14 @@ def _rechains(plan) -> bool:
     return chosen > 0 and sum(s.kind == "recompute" for s in plan.program.steps) > 3 * chosen
 
 
-def _keep_chains(policy, schedule, limit, cost, touch, build, options, algos, best):
+def _keep_chains(choose, schedule, limit, cost, touch, build, best, memo=None):
     """The fastest of ``best`` and plans whose lowering keeps recomputed chain inputs for their
     next use within a horizon, doubled while that keeps getting faster: a longer horizon
     recomputes less but holds more, so at some point the policy must evict more to fit."""
     horizon = 16
     while horizon < len(schedule.steps):
-        plan = _fit(policy, schedule, limit, cost, touch, build, options, algos, keep_within=horizon,
-                    beat=best.simulation.seconds)
+        plan = _fit(choose, schedule, limit, cost, touch, build, keep_within=horizon, beat=best.simulation.seconds,
+                    memo=memo)
         if plan is None or plan.simulation.seconds >= best.simulation.seconds:
             break
         best, horizon = plan, 2 * horizon
@@ -264,34 +269,42 @@ def _chooser(policy, schedule, cost, touch, options, algos):
     return lambda target: (policy.evictions(schedule, target, cost, touch), algos)
 
 
-def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, beat=None, keep_within=0):
+def _fit(choose, schedule, limit, cost, touch, build, rounds=8, beat=None, keep_within=0, memo=None):
     """The fastest plan found whose exact placement fits ``limit``, or None.
 
-    The policy plans against an approximate curve; what lowering (inputs that a
-    recomputation restores) and placement (fragmentation) add on top is known
-    only afterwards. So the policy's target is searched: lowered by at least the
-    overshoot until a plan fits, then bisected between the highest target that
-    fit and the lowest that did not (a higher target evicts less).
+    ``choose``: target -> (evictions, algorithms). The greedy's lowered program
+    (horizon 0) stays within its target (greedy.py); placement (fragmentation),
+    a longer horizon, or a baseline's own rule add on top, which is known only
+    afterwards. So the target is searched: lowered by at least the overshoot
+    until a plan fits, then bisected between the highest target that fit and
+    the lowest that did not.
 
     With ``beat`` (the step time of a plan found already), a search in which no
     plan has fit yet ends at an attempt predicted to take ``beat`` or longer
-    (the simulation does not depend on placement, so it is not placed): a lower
-    target only evicts more, so no later attempt is faster.
+    (the simulation does not depend on placement, so it is not placed): a
+    lower target is a longer prefix of the same greedy decisions, so it is
+    rarely faster. ``memo``: lowerings by decisions, shared by one plan's searches.
     """
-    choose = _chooser(policy, schedule, cost, touch, options, algos)
+    memo = {} if memo is None else memo
 
     def attempt(target):
         ev, chosen = choose(target)
         if ev is None:
             return None, None
-        program = lower(schedule, ev, touch, chosen, keep_within)
-        live = int(memory_curve(program).max(initial=0))
+        key = (frozenset(ev.items()), frozenset(chosen.items()), keep_within)
+        if key not in memo:                      # (a fixed rule answers every target alike)
+            program = lower(schedule, ev, touch, chosen, keep_within)
+            memo[key] = [program, int(memory_curve(program).max(initial=0)), None, None]
+        entry = memo[key]
+        program, live, sim, plan = entry
         if live > limit:                         # only a candidate that can fit is worth placing
             return None, live
-        sim = simulate(program, schedule, cost, algos=chosen)
+        if sim is None:
+            sim = entry[2] = simulate(program, schedule, cost, algos=chosen)
         if beat is not None and best is None and sim.seconds >= beat:
             return None, None                    # cannot win, nor can a lower target
-        plan = build(ev, chosen, program, sim, keep_within)
+        if plan is None:
+            plan = entry[3] = build(ev, chosen, program, sim, keep_within)
         return (plan, None) if plan.arena_bytes <= limit else (None, plan.arena_bytes)
 
     step = max(limit // 64, 1)

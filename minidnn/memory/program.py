@@ -170,8 +170,12 @@ def restore_order(missing, needed, present, on_host, producer, tensors, droppabl
             raise ValueError(f"cannot restore {tensors[t].name}: neither on the host nor recomputable")
         path.add(t)
         todo.append((t, True))
-        todo.extend((u, False) for u in reversed(list(dict.fromkeys(x for x in src.ins if x is not None)))
-                    if not tensors[u].persistent and u not in seen and not present(u))
+        # the input produced first is restored first: its chain is the longer one, and a residual
+        # join's other input (a few steps back) then waits on the device one tensor at a time, not
+        # one per block of the chain
+        deps = sorted(dict.fromkeys(x for x in src.ins if x is not None),
+                      key=lambda u: producer[u].index if u in producer else -1, reverse=True)
+        todo.extend((u, False) for u in deps if not tensors[u].persistent and u not in seen and not present(u))
     return _fuse(order, needed, droppable)
 
 
