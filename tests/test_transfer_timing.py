@@ -164,7 +164,8 @@ def test_segments_are_not_planned_where_their_first_lowering_is_too_long():
     """A 1001-layer ResNet's segments would be lowered into millions of steps (a minute of planning):
     their rework exceeds the planner's limit, ResNet-50's does not."""
     from minidnn.memory.baselines import CheckpointSqrt
-    from minidnn.memory.planner import SQRT_REWORK
+    from minidnn.memory.knobs import Knobs
+    SQRT_REWORK = Knobs().sqrt_rework
     with shapes_only():
         deep = training_schedule(models.get("resnet_deep", depth=1001), (16, 3, 224, 224))[1]
     r50 = schedule_of("resnet50", (256, 3, 224, 224))

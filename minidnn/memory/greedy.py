@@ -22,15 +22,55 @@ from collections import defaultdict
 import numpy as np
 
 from ..schedule import aligned
+from .knobs import Knobs
 from .program import Evict, recompute_seconds, restore_footprint, restore_order, workspace_bytes
+
+
+class AutoPolicy:
+    """minidnn's planner: per gap, offload or recompute by predicted cost, greedily at the peak.
+
+    Repeatedly takes the step where the most bytes are live and evicts, among
+    the tensors idle across it, the one that frees the most bytes per second
+    of predicted overhead: an offload costs the part of its two transfers that
+    the compute inside its gap cannot hide; a recomputation costs the chain its
+    lowering runs (greedy.py: the curve it plans against is the lowered
+    program's). Exact placement is checked after; fragmentation tightens the
+    target.
+    ``plan_memory`` then times the copies and turns recomputations into
+    offloads where the copy stream has room left (transfers.py).
+    """
+
+    def __init__(self, recompute=True, offload=True, name="auto", copies_free=False, knobs=Knobs()):
+        self.recompute, self.offload, self.name, self.knobs = recompute, offload, name, knobs
+        self.copies_free = copies_free      # rank offloads as if copies took nothing from compute
+
+    @property
+    def hybrid(self) -> bool:
+        """Free to choose between offloading and recomputing."""
+        return self.offload and self.recompute
+
+    def evictions(self, schedule, limit, cost, touch):
+        return self.choose(schedule, limit, cost, touch, {}, {})[0]
+
+    def choose(self, schedule, limit, cost, touch, options, algos):
+        """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
+        and are traded for smaller workspaces where that costs less than evicting."""
+        return self.chooser(schedule, cost, touch, options, algos)(limit)
+
+    def chooser(self, schedule, cost, touch, options, algos):
+        """``choose`` for one schedule at any number of limits: a function limit -> (evictions,
+        algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
+        so one run of it, continued as lower limits are asked for, answers every limit."""
+        return Greedy(schedule, cost, touch, self.recompute, self.offload, options, algos,
+                      self.copies_free, self.knobs).greedy
 
 
 class Greedy:
     """Every gap of every arena tensor, with what evicting it frees and costs, and the greedy's state."""
 
     def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
-                 copies_free=False):
-        self.schedule, self.touch, self.cost = schedule, touch, cost
+                 copies_free=False, knobs=Knobs()):
+        self.schedule, self.touch, self.cost, self.knobs = schedule, touch, cost, knobs
         self.options, self.algos = options or {}, dict(algos or {})
         steps = self.steps = schedule.steps
         self.secs = np.array([cost.step_seconds(schedule, s) for s in steps])
@@ -76,10 +116,8 @@ class Greedy:
                 if math.isinf(x) and math.isinf(rc):
                     continue
                 rows.append((t, g, a, b, nb))
-                # the copy stream is shared: even a transfer that its gap could hide may delay
-                # others, so each is charged a quarter of its time (the Capuchin-style bias
-                # towards recomputing cheap layers and swapping expensive ones)
-                off_cost.append(max(0.0, 2 * x - (cum[b] - cum[a + 1])) + (0.25 + shared) * x)
+                # the copy stream is shared: even a transfer that its gap could hide may delay others
+                off_cost.append(max(0.0, 2 * x - (cum[b] - cum[a + 1])) + (knobs.copy_bias + shared) * x)
                 xfer.append(2 * x)
                 rc_cost.append(rc)
         self.rows = rows
@@ -88,7 +126,7 @@ class Greedy:
         self.size = np.array([r[4] for r in rows], np.float64)
         self.off_cost, self.xfer, self.rc_cost = np.array(off_cost), np.array(xfer), np.array(rc_cost)
         self.taken = np.zeros(len(rows), bool)
-        self.copy_capacity = 0.9 * self.cum[-1]   # what the copy stream can hide behind one iteration
+        self.copy_capacity = knobs.copy_capacity * self.cum[-1]   # what copies one iteration hides
         self.copy_used = 0.0
         # the greedy's state: the curves as decided so far, the algorithms then, each tensor's
         # evicted gaps, each step's restore chain (its peak above ``pre``, its seconds, the tensors
@@ -102,12 +140,9 @@ class Greedy:
         self.runs = defaultdict(set)                # schedule step -> steps whose chain recomputes it
         self.walked = {}                            # step -> (asked, recomputed) of its chain
         self.current = dict(self.algos)
+        # with nothing evicted every value a step reads is on the device: no step has a chain yet
         self.live = self.step_live.copy()
-        for c in range(n):                          # (a step that reads a value nobody wrote)
-            self._rewalk(c)
-        self.live = np.maximum(self.step_live, self.pre + self.chain)
         self.peaks, self.decisions, self.stuck = [], [], False
-        self.knobs_exact = 16                        # candidates costed exactly per decision
 
     # -- the lowering's state at a step, from the decisions -------------------------------------
     def present(self, u, c) -> bool:
@@ -248,7 +283,7 @@ class Greedy:
         swap = self._cheaper_algorithm(s) if self.step_live[s] >= peak else None
         best, exact = None, 0
         for j in _cheapest_first(ratio):
-            if best is not None and (ratio[j] >= best[0] or exact >= self.knobs_exact):
+            if best is not None and (ratio[j] >= best[0] or exact >= self.knobs.exact_candidates):
                 break
             if swap is not None and swap[0] <= ratio[j]:
                 break

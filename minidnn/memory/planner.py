@@ -3,27 +3,27 @@
 ``plan_memory`` lowers the schedule with the evictions a policy chooses,
 places every residency in the arena, and verifies the result against the
 budget; it raises MemoryBudgetError with the smallest feasible budget when
-none fits. Policies are objects (see policies.py); the default ``auto`` is the
-swap/recompute hybrid in this file's :class:`AutoPolicy`.
+none fits. Policies are objects with one method (policies.py); the default
+``auto`` is the swap/recompute hybrid of greedy.py, planned from several seeds
+by the search of search.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
-import math
-
 
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
-from .baselines import CheckpointSqrt
 from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
+from .greedy import AutoPolicy, Greedy  # noqa: F401  (AutoPolicy: the planner's own policy, named here too)
+from .knobs import Knobs
 from .placement import place_program
-from .greedy import Greedy
 from .plan import Plan
 from .program import lower, touches
+from .search import Problem, Search
 from .simulator import memory_curve, simulate
-from .transfers import timed_transfers
 
 
 def algorithm_options(schedule, cost) -> dict:
@@ -64,61 +64,24 @@ def lower_bound(schedule, algos=None) -> int:
 
 
 def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
-              program=None, simulation=None, keep_within=0, arena_limit=None) -> Plan:
+              program=None, simulation=None, keep_within=0, arena_limit=None, liveness=None, least=None,
+              baseline_algos=None) -> Plan:
     """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
     is that replay already, or the arena exceeds ``arena_limit``) ``evictions`` with ``algos``; the
-    Plan (not yet checked against a budget)."""
+    Plan (not yet checked against a budget). ``liveness``, ``least``: the schedule's liveness peak and
+    lower bound (the liveness peak is this plan's own where nothing is evicted)."""
     program = program if program is not None else lower(schedule, evictions, touch, algos, keep_within)
     offsets, arena, how = place_program(program)
-    for k, r in enumerate(program.residencies):
-        r.offset = offsets[k]
     persistent = schedule.persistent_bytes
+    if liveness is None and not evictions:
+        liveness = persistent + int(memory_curve(program).max(initial=0))
     replay = cost is not None and (arena_limit is None or arena <= arena_limit)
     sim = simulation if simulation is not None or not replay else simulate(program, schedule, cost, algos=algos)
     return Plan(schedule=schedule, program=program, offsets=offsets, persistent_bytes=persistent,
                 arena_bytes=arena, ideal_bytes=persistent + schedule.arena_bytes_no_reuse,
-                liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
-                budget=budget, policy=policy, simulation=sim, baseline=baseline, evictions=dict(evictions),
-                host_bytes=program.host_bytes, placement=how, algos=dict(algos or {}), keep_within=keep_within)
-
-
-class AutoPolicy:
-    """minidnn's planner: per gap, offload or recompute by predicted cost, greedily at the peak.
-
-    Repeatedly takes the step where the most bytes are live and evicts, among
-    the tensors idle across it, the one that frees the most bytes per second
-    of predicted overhead: an offload costs the part of its two transfers that
-    the compute inside its gap cannot hide; a recomputation costs the chain its
-    lowering runs (greedy.py: the curve it plans against is the lowered
-    program's). Exact placement is checked after; fragmentation tightens the
-    target.
-    ``plan_memory`` then times the copies and turns recomputations into
-    offloads where the copy stream has room left (transfers.py).
-    """
-
-    def __init__(self, recompute=True, offload=True, name="auto", copies_free=False):
-        self.recompute, self.offload, self.name = recompute, offload, name
-        self.copies_free = copies_free      # rank offloads as if copies took nothing from compute
-
-    @property
-    def hybrid(self) -> bool:
-        """Free to choose between offloading and recomputing."""
-        return self.offload and self.recompute
-
-    def evictions(self, schedule, limit, cost, touch):
-        return self.choose(schedule, limit, cost, touch, {}, {})[0]
-
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
-        and are traded for smaller workspaces where that costs less than evicting."""
-        return self.chooser(schedule, cost, touch, options, algos)(limit)
-
-    def chooser(self, schedule, cost, touch, options, algos):
-        """``choose`` for one schedule at any number of limits: a function limit -> (evictions,
-        algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
-        so one run of it, continued as lower limits are asked for, answers every limit."""
-        return Greedy(schedule, cost, touch, self.recompute, self.offload, options, algos,
-                           self.copies_free).greedy
+                liveness_peak_bytes=liveness, lower_bound_bytes=least, budget=budget, policy=policy, simulation=sim,
+                baseline=baseline, evictions=dict(evictions), host_bytes=program.host_bytes, placement=how,
+                algos=dict(algos or {}), keep_within=keep_within, baseline_algos=baseline_algos)
 
 
 def _collector_paused(fn):
@@ -139,8 +102,9 @@ def _collector_paused(fn):
 
 
 @_collector_paused
-def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
-    """The plan for ``schedule`` under ``config``: its budget, policy and device profile.
+def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs = Knobs()) -> Plan:
+    """The plan for ``schedule`` under ``config``: its budget, policy and device profile (``knobs``:
+    the search's thresholds).
 
     Every step starts with its fastest algorithm; the unlimited plan keeps them.
     Under a budget the policy evicts tensors and (the ``auto`` policy) trades
@@ -158,57 +122,24 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     budget = config.resolve(liveness)
     # the unlimited plan is placed only where it may be the answer: its arena is at least its liveness peak
     if budget is None or liveness <= budget or config.policy == "none":
-        base = make_plan(schedule, {}, cost, "none", touch=touch, algos=quick, program=unlimited,
-                         simulation=baseline)
-        base.baseline, base.lower_bound_bytes, base.budget = baseline, least_bytes, budget
+        base = make_plan(schedule, {}, cost, "none", budget, baseline, touch, quick, unlimited, baseline,
+                         liveness=liveness, least=least_bytes)
         if budget is None or base.peak_bytes <= budget or config.policy == "none":
             if budget is not None and base.peak_bytes > budget:
                 _infeasible(budget, base.peak_bytes, base)
             return base
     policy = config.policy_object()
-    limit = budget - schedule.persistent_bytes
 
     def build(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None):
-        p = make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
-                      keep_within, arena_limit)
-        p.liveness_peak_bytes, p.lower_bound_bytes = liveness, least_bytes
-        p.baseline_algos = quick
-        return p
+        return make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
+                         keep_within, arena_limit, liveness, least_bytes, quick)
 
-    best = beat = None                   # the fastest plan, and the fastest before its transfers were retimed
-
-    memo = {}                            # lowerings by decisions, for every search below
-
-    def fitted(variant, convert, prune=True, choose=None):
-        nonlocal best, beat
-        # one chooser for every horizon: the greedy's decisions do not depend on the lowering's horizon
-        choose = choose or _chooser(variant, schedule, cost, touch, options, quick)
-        plan = _fit(choose, schedule, limit, cost, touch, build, beat=beat if prune else None, memo=memo)
-        if plan is not None and _rechains(plan):
-            plan = _keep_chains(choose, schedule, limit, cost, touch, build, plan, memo)
-        if plan is None:
-            return
-        beat = min(beat or math.inf, plan.simulation.seconds)
-        plan = timed_transfers(plan, schedule, cost, limit, touch, build, convert,
-                               best.simulation.seconds if best is not None else None)
-        if best is None or plan.simulation.seconds < best.simulation.seconds:
-            best = plan
-
-    for variant in policy_variants(policy, cost):
-        fitted(variant, convert=isinstance(variant, AutoPolicy) and variant.hybrid)
-    hybrid = isinstance(policy, AutoPolicy) and policy.hybrid
-    sqrt = CheckpointSqrt()
-    if (hybrid and best is not None and best.simulation.seconds > 1.1 * baseline.seconds
-            and sqrt.rework(schedule, touch) <= SQRT_REWORK):
-        # where the greedy's plan costs a tenth of a step and more (copies hide little: a fast GPU
-        # on a slow link), Chen et al.'s sqrt(n) segments are planned too, their recomputations
-        # offloaded where the copy stream has room (not pruned: their first lowering recomputes
-        # chains again and again, which the horizon search then removes) - unless that first
-        # lowering would be too long to plan in seconds (a thousand-layer network's)
-        segments = sqrt.evictions(schedule, math.inf, cost, touch, quick)   # the same for every target
-        fitted(sqrt, convert=True, prune=False, choose=lambda target: (segments, quick))
+    problem = Problem(schedule, cost, touch, budget - schedule.persistent_bytes, options, quick, build,
+                      baseline.seconds, knobs)
+    search = Search(problem)
+    best = search.run(policy)
     if best is not None:
-        return best
+        return dataclasses.replace(best, log=tuple(search.log))
     least = minimum_plan(schedule, cost, touch, build, options)
     if least.peak_bytes > budget:   # where evicting fragments more than it frees, evicting nothing needs less
         full = make_plan(schedule, {}, None, "none", touch=touch, algos=quick, program=unlimited)
@@ -219,118 +150,7 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
             f"the {policy.name!r} policy finds no plan within {format_bytes(budget)} ({budget} B); the planner's "
             f"own minimum is {format_bytes(least.peak_bytes)} ({least.peak_bytes} B): use policy 'auto' or a "
             f"larger budget", least.peak_bytes, budget)
-    return least
-
-
-# The most recompute steps per schedule step (CheckpointSqrt.rework) that planning sqrt(n)
-# segments may start from: VGG-16, ResNet-50/101/152, GoogLeNet and DenseNet-121 have 1.1-3.4,
-# a 1001-layer ResNet 10 (its first lowering has 3.2 million steps and takes a minute).
-SQRT_REWORK = 6.0
-
-
-def policy_variants(policy, cost):
-    """The policy and, for the hybrid, its swap-only variant and (where copies take time from
-    compute) the variant that ranks offloads as if they did not: the simulator picks the fastest."""
-    if isinstance(policy, AutoPolicy) and policy.hybrid:
-        more = [AutoPolicy(name=policy.name, copies_free=True)] if cost.copy_overlap < 1 else []
-        return [policy, AutoPolicy(recompute=False, name=policy.name)] + more
-    return [policy]
-
-
-def _rechains(plan) -> bool:
-    """Whether the plan's recomputations mostly recompute chains of dropped inputs again and again
-    (more than three recompute steps per recomputed value; below that, searching for a horizon
-    costs a deep network's planning more time than its plan gains)."""
-    chosen = sum(ev.kind == "recompute" for ev in plan.evictions.values())
-    return chosen > 0 and sum(s.kind == "recompute" for s in plan.program.steps) > 3 * chosen
-
-
-def _keep_chains(choose, schedule, limit, cost, touch, build, best, memo=None):
-    """The fastest of ``best`` and plans whose lowering keeps recomputed chain inputs for their
-    next use within a horizon, doubled while that keeps getting faster: a longer horizon
-    recomputes less but holds more, so at some point the policy must evict more to fit."""
-    horizon = 16
-    while horizon < len(schedule.steps):
-        plan = _fit(choose, schedule, limit, cost, touch, build, keep_within=horizon, beat=best.simulation.seconds,
-                    memo=memo)
-        if plan is None or plan.simulation.seconds >= best.simulation.seconds:
-            break
-        best, horizon = plan, 2 * horizon
-    return best
-
-
-def _chooser(policy, schedule, cost, touch, options, algos):
-    """The policy as a function target -> (evictions, algorithms): its resumable chooser where it
-    has one, else its ``choose`` (algorithms too) or ``evictions`` (the given algorithms)."""
-    if hasattr(policy, "chooser"):
-        return policy.chooser(schedule, cost, touch, options, algos)
-    if hasattr(policy, "choose"):
-        return lambda target: policy.choose(schedule, target, cost, touch, options, algos)
-    return lambda target: (policy.evictions(schedule, target, cost, touch), algos)
-
-
-def _fit(choose, schedule, limit, cost, touch, build, rounds=8, beat=None, keep_within=0, memo=None):
-    """The fastest plan found whose exact placement fits ``limit``, or None.
-
-    ``choose``: target -> (evictions, algorithms). The greedy's lowered program
-    (horizon 0) stays within its target (greedy.py); placement (fragmentation),
-    a longer horizon, or a baseline's own rule add on top, which is known only
-    afterwards. So the target is searched: lowered by at least the overshoot
-    until a plan fits, then bisected between the highest target that fit and
-    the lowest that did not.
-
-    With ``beat`` (the step time of a plan found already), a search in which no
-    plan has fit yet ends at an attempt predicted to take ``beat`` or longer
-    (the simulation does not depend on placement, so it is not placed): a
-    lower target is a longer prefix of the same greedy decisions, so it is
-    rarely faster. ``memo``: lowerings by decisions, shared by one plan's searches.
-    """
-    memo = {} if memo is None else memo
-
-    def attempt(target):
-        ev, chosen = choose(target)
-        if ev is None:
-            return None, None
-        key = (frozenset(ev.items()), frozenset(chosen.items()), keep_within)
-        if key not in memo:                      # (a fixed rule answers every target alike)
-            program = lower(schedule, ev, touch, chosen, keep_within)
-            memo[key] = [program, int(memory_curve(program).max(initial=0)), None, None]
-        entry = memo[key]
-        program, live, sim, plan = entry
-        if live > limit:                         # only a candidate that can fit is worth placing
-            return None, live
-        if sim is None:
-            sim = entry[2] = simulate(program, schedule, cost, algos=chosen)
-        if beat is not None and best is None and sim.seconds >= beat:
-            return None, None                    # cannot win, nor can a lower target
-        if plan is None:
-            plan = entry[3] = build(ev, chosen, program, sim, keep_within)
-        return (plan, None) if plan.arena_bytes <= limit else (None, plan.arena_bytes)
-
-    step = max(limit // 64, 1)
-    fit = miss = None                            # highest target that fit, lowest that did not
-    best, target = None, limit
-    for _ in range(rounds):
-        plan, need = attempt(target)
-        if plan is not None:
-            fit = target
-            if best is None or plan.simulation.seconds < best.simulation.seconds:
-                best = plan
-        elif need is None:                       # the policy cannot go this low
-            if best is None:
-                return None
-            miss = target
-        else:
-            miss = target
-        if best is None:
-            target -= max(need - limit, step)
-            if target <= 0:
-                return None
-        elif miss is None or miss - fit <= step:
-            break
-        else:
-            target = (fit + miss) // 2
-    return best
+    return dataclasses.replace(least, log=tuple(search.log))
 
 
 def minimum_plan(schedule, cost, touch, build, options):

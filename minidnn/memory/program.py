@@ -44,7 +44,6 @@ class Residency:
     start: int         # index in Program.steps
     end: int
     origin: str        # "compute", "prefetch" or "recompute"
-    offset: int = None
     wait_offload: int = None   # step index of the offload whose completion the free waits for
     delay: int = 0
 
@@ -62,7 +61,7 @@ class Program:
     @cached_property
     def buffers(self) -> tuple:
         """(starts, ends, aligned bytes) of the residencies, as int64 arrays. Computed once: a
-        Program's residencies do not change after lowering (placement only sets their offsets)."""
+        Program's residencies do not change after lowering."""
         res, n = self.residencies, len(self.residencies)
         arrays = (np.fromiter((r.start for r in res), np.int64, n), np.fromiter((r.end for r in res), np.int64, n),
                   self.tensor_bytes[np.fromiter((r.tensor for r in res), np.int64, n)])
@@ -173,9 +172,11 @@ def restore_order(missing, needed, present, on_host, producer, tensors, droppabl
         # the input produced first is restored first: its chain is the longer one, and a residual
         # join's other input (a few steps back) then waits on the device one tensor at a time, not
         # one per block of the chain
-        deps = sorted(dict.fromkeys(x for x in src.ins if x is not None),
-                      key=lambda u: producer[u].index if u in producer else -1, reverse=True)
-        todo.extend((u, False) for u in deps if not tensors[u].persistent and u not in seen and not present(u))
+        deps = [u for u in dict.fromkeys(src.ins) if u is not None and not tensors[u].persistent
+                and u not in seen and not present(u)]
+        if len(deps) > 1:
+            deps.sort(key=lambda u: producer[u].index if u in producer else -1, reverse=True)
+        todo.extend((u, False) for u in deps)
     return _fuse(order, needed, droppable)
 
 
