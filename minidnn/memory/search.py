@@ -88,7 +88,8 @@ def seeds(policy, problem):
     if len(sched.steps) <= knobs.baseline_seed_steps:
         out.insert(2, ("recompute-only", "every eviction a recomputation",
                        problem.chooser(AutoPolicy(offload=False, knobs=k)), False, True))
-        out += [(name, "a paper's policy as a seed", problem.chooser(get_policy(name)), False, True)
+        # not pruned: their copies are timed by the repairs, which is where they can win
+        out += [(name, "a paper's policy as a seed", problem.chooser(get_policy(name)), False, False)
                 for name in BASELINES]
     return out
 
@@ -135,7 +136,8 @@ class Search:
         if plan is not None and self.rechains(plan):
             plan = self.keep_chains(choose, plan)
         if plan is None:
-            self.log.append(Trial(name, why))
+            self.log.append(Trial(name, why + (": nothing that fits" if not prune or self.beat is None
+                                               else ": nothing that fits and may be faster")))
             return
         self.beat = min(self.beat or math.inf, plan.simulation.seconds)
         prior = self.best.simulation.seconds if self.best is not None else None   # what the repairs must beat
