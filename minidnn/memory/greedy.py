@@ -201,7 +201,8 @@ class Greedy:
         peak, secs = restore_footprint(order, present, droppable, self.nbytes,
                                        lambda st: aligned(workspace_bytes(st, algos, tensors)), self.secs)
         # a chain's prefetch is issued just before the chain: the step waits for all of it
-        secs += sum(self.cost.transfer_seconds(tensors[w].nbytes) for k, w in order if k == "prefetch")
+        secs += self.knobs.chain_copy_share * sum(self.cost.transfer_seconds(tensors[w].nbytes)
+                                                  for k, w in order if k == "prefetch")
         return float(peak), secs, asked, tuple({w.index for k, w in order if k != "prefetch"})
 
     def _rewalk(self, c):

@@ -15,6 +15,9 @@ class Knobs:
     # estimate alone; 16 took ResNet-152 b256 @ 12 GiB on v100 from +15.9% to +9.7% and ResNet-50
     # b256 @ 25% on h100 from +13.2% to +10.9%; the walks stay under a second on ResNet-1001.
     exact_candidates: int = 16
+    # Greedy: the share of a chain's prefetch time charged to the decision that makes the chain
+    # prefetch (issued just before the chain, the step waits for it unless the copy timing moves it).
+    chain_copy_share: float = 1.0
     # Greedy: the share of a copy's time charged even where its gap hides it (the copy stream is
     # shared by every offload: the Capuchin-style bias towards recomputing cheap layers).
     copy_bias: float = 0.25

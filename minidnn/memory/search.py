@@ -12,6 +12,7 @@ kept; the plan that wins carries the log, and its summary says why it won.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -67,8 +68,10 @@ def seeds(policy, problem):
     policies, so that ``auto`` is at or below each of them by construction."""
     if not (isinstance(policy, AutoPolicy) and policy.hybrid):
         return [(policy.name, "the policy asked for", problem.chooser(policy), False, True)]
-    sched, knobs, k = problem.schedule, problem.knobs, policy.knobs
-    out = [("greedy", "offload or recompute at the peak, by predicted cost", problem.chooser(policy), True, True),
+    sched, knobs = problem.schedule, problem.knobs
+    k = knobs
+    greedy = AutoPolicy(name=policy.name, knobs=k)
+    out = [("greedy", "offload or recompute at the peak, by predicted cost", problem.chooser(greedy), True, True),
            ("swap-only", "every eviction a copy", problem.chooser(AutoPolicy(recompute=False, knobs=k)), False,
             True)]
     if problem.cost.copy_overlap < 1:
@@ -86,8 +89,11 @@ def seeds(policy, problem):
         out.append(("checkpoint_sqrt", "Chen et al.'s sqrt(n) segments, then copies where the stream has room",
                     sqrt_chooser, True, False))   # (not pruned: the horizon search removes their rework)
     if len(sched.steps) <= knobs.baseline_seed_steps:
-        out.insert(2, ("recompute-only", "every eviction a recomputation",
-                       problem.chooser(AutoPolicy(offload=False, knobs=k)), False, True))
+        hidden = dataclasses.replace(k, chain_copy_share=0.0)
+        out[1:1] = [("greedy, chain copies hidden", "a chain's prefetches charged nothing (the copy timing "
+                     "may issue them early)", problem.chooser(AutoPolicy(name=policy.name, knobs=hidden)), True, False),
+                    ("recompute-only", "every eviction a recomputation",
+                     problem.chooser(AutoPolicy(offload=False, knobs=k)), False, True)]
         # not pruned: their copies are timed by the repairs, which is where they can win
         out += [(name, "a paper's policy as a seed", problem.chooser(get_policy(name)), False, False)
                 for name in BASELINES]
@@ -140,7 +146,8 @@ class Search:
                                                else ": nothing that fits and may be faster")))
             return
         self.beat = min(self.beat or math.inf, plan.simulation.seconds)
-        prior = self.best.simulation.seconds if self.best is not None else None   # what the repairs must beat
+        # what the repairs must beat (an unpruned seed is refined in full)
+        prior = self.best.simulation.seconds if self.best is not None and prune else None
         self.consider(plan, name, why)
         p = self.p
         timed = timed_transfers(plan, p.schedule, p.cost, p.limit, p.touch, p.build, convert, prior)
