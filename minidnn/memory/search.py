@@ -4,8 +4,9 @@ A :class:`Problem` is what is fixed while planning one schedule under one
 budget (the schedule, the cost model, the touches, the arena limit, the
 algorithm options and the fastest algorithms, and a ``build`` that lowers,
 places and replays decisions into a Plan). A :class:`Search` plans each seed
-(a policy's chooser, searched over targets until its placed plan fits), repairs
-it (times its copies: transfers.py), and ``consider``s every candidate: one is
+(a policy's chooser, searched over targets until its placed plan fits), runs
+the explicit list of repairs on it (repairs.py: time its copies, trade copies
+and recomputations), and ``consider``s every candidate: one is
 kept only if it fits and is predicted faster than the best so far. Each trial
 is logged with what was tried, why, its bytes and seconds, and whether it was
 kept; the plan that wins carries the log, and its summary says why it won.
@@ -22,7 +23,7 @@ from .knobs import Knobs
 from .policies import BASELINES, get_policy
 from .program import lower
 from .simulator import memory_curve, simulate
-from .transfers import timed_transfers
+from .repairs import REPAIRS, Step
 
 
 @dataclass(frozen=True)
@@ -149,10 +150,17 @@ class Search:
         # what the repairs must beat (an unpruned seed is refined in full)
         prior = self.best.simulation.seconds if self.best is not None and prune else None
         self.consider(plan, name, why)
-        p = self.p
-        timed = timed_transfers(plan, p.schedule, p.cost, p.limit, p.touch, p.build, convert, prior)
-        if timed is not plan:
-            self.consider(timed, f"{name} + timed copies", "copies held and prefetched to overlap compute")
+        step = Step(self.p, convert, prior)
+        for repair in REPAIRS:
+            if not repair.applies(plan, step):
+                continue
+            out = repair.apply(plan, step)
+            if out is None:
+                self.log.append(Trial(f"{name} + {repair.name}", repair.why + ": nothing that fits"))
+                continue
+            self.consider(out, f"{name} + {repair.name}", repair.why)
+            if out.arena_bytes <= self.p.limit and out.simulation.seconds < plan.simulation.seconds:
+                plan = out                       # the next repair starts from the seed's best
 
     def rechains(self, plan) -> bool:
         """Whether the plan's recomputations mostly recompute chains of dropped inputs again and again."""
