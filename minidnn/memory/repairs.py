@@ -22,6 +22,7 @@ class Step:
     problem: object
     convert: bool
     beat: float = None
+    stalled: bool = True      # whether the last offload trade still stalled (or found nothing)
 
     def plan_fn(self, plan):
         """Decisions -> the placed plan, replayed only where it fits, with ``plan``'s algorithms."""
@@ -44,6 +45,7 @@ def _retimed(step, plan):
 
 class RetimeCopies:
     name, why = "timed copies", "copies held and prefetched to overlap compute"
+    start = "best"            # the seed's plan a repair starts from: its best so far, or its timed plan
 
     def applies(self, plan, step) -> bool:
         return any(ev.kind == "offload" for ev in plan.evictions.values())
@@ -57,23 +59,31 @@ class OffloadRecomputations:
     (``share``: that fraction of them, the costliest), retimed. Tried where the seed may convert,
     the plan is still ahead of the best found before, and (for a share below one) it stalls."""
 
+    start = "timed"           # both shares trade on the timed plan's stream
+
     def __init__(self, share):
         self.share = share
         self.name = f"recomputations offloaded ({share:.0%})"
         self.why = "the copy stream has room left during the forward"
 
     def applies(self, plan, step) -> bool:
-        return (step.convert and not step.behind(plan) and (self.share == 1 or stalls(plan))
+        # the costlier half only where all of them still stalled (or did not fit)
+        return (step.convert and not step.behind(plan) and (self.share == 1 or step.stalled)
                 and any(ev.kind == "recompute" for ev in plan.evictions.values()))
 
     def apply(self, plan, step):
         p = step.problem
         more = offload_recomputations(step.plan_fn(plan), plan, p.schedule, p.cost, p.limit, p.touch, self.share)
-        return None if more is None else fastest(more, _retimed(step, more))
+        if more is None:
+            return None
+        more = fastest(more, _retimed(step, more))
+        step.stalled = stalls(more)
+        return more
 
 
 class RecomputeStalled:
     name, why = "stalled copies recomputed", "the compute waits for these copies longer than a recomputation takes"
+    start = "best"
 
     def applies(self, plan, step) -> bool:
         return step.convert and not step.behind(plan) and any(ev.kind == "offload" for ev in plan.evictions.values())

@@ -23,7 +23,7 @@ from .knobs import Knobs
 from .policies import BASELINES, get_policy
 from .program import lower
 from .simulator import memory_curve, simulate
-from .repairs import REPAIRS, Step
+from .repairs import REPAIRS, RetimeCopies, Step
 
 
 @dataclass(frozen=True)
@@ -151,16 +151,20 @@ class Search:
         prior = self.best.simulation.seconds if self.best is not None and prune else None
         self.consider(plan, name, why)
         step = Step(self.p, convert, prior)
+        start = {"best": plan, "timed": plan}    # the seed's best so far, and its timed plan
         for repair in REPAIRS:
-            if not repair.applies(plan, step):
+            base = start[repair.start]
+            if not repair.applies(base, step):
                 continue
-            out = repair.apply(plan, step)
+            out = repair.apply(base, step)
             if out is None:
                 self.log.append(Trial(f"{name} + {repair.name}", repair.why + ": nothing that fits"))
                 continue
             self.consider(out, f"{name} + {repair.name}", repair.why)
-            if out.arena_bytes <= self.p.limit and out.simulation.seconds < plan.simulation.seconds:
-                plan = out                       # the next repair starts from the seed's best
+            if out.arena_bytes <= self.p.limit and out.simulation.seconds < start["best"].simulation.seconds:
+                start["best"] = out
+            if isinstance(repair, RetimeCopies):
+                start["timed"] = start["best"]
 
     def rechains(self, plan) -> bool:
         """Whether the plan's recomputations mostly recompute chains of dropped inputs again and again."""
