@@ -32,6 +32,9 @@ from minidnn.memory.planner import minimum_bytes
 from minidnn.memory.subbatch import plan_sub_batches
 from minidnn.report import shapes_only, sub_batch_schedules, training_schedule
 
+# the tight end: 50% and 25% of each network's liveness peak on today's GPUs
+TIGHT = [("resnet50", 256), ("resnet152", 256), ("densenet121", 128), ("vgg16", 256)]
+TIGHT_PROFILES = "titanx-12gb,v100-16gb,a100-40gb,h100-80gb"
 CASES = [("vgg16", 64), ("vgg16", 128), ("vgg16", 256), ("resnet50", 32), ("resnet50", 128), ("resnet50", 256),
          ("resnet101", 64), ("resnet101", 256), ("resnet152", 32), ("resnet152", 256), ("googlenet", 256),
          ("densenet121", 128)]
@@ -51,12 +54,26 @@ def row(name, batch, profiles, budgets):
     cells = []
     base = None
     for prof in profiles:
+        liveness = None
         for b in budgets:
+            if isinstance(b, float):         # a fraction of this profile's liveness peak, in bytes
+                if liveness is None:
+                    liveness = plan_memory(sched, MemoryConfig(profile=prof)).liveness_peak_bytes
+                b = MemoryConfig(budget=b).resolve(liveness)
             config = MemoryConfig(budget=b, profile=prof)
             try:
                 plan = plan_memory(sched, config)
             except MemoryBudgetError as e:
-                cells.append(f"min {gib(e.minimum_bytes)}")
+                cell = f"min {gib(e.minimum_bytes)}"
+                if split is not None:         # below the full batch's minimum: only a split fits
+                    try:
+                        sub = plan_sub_batches(batch, split, config)
+                        unlimited = plan_memory(sched, MemoryConfig(profile=prof)).simulation.seconds
+                        cell += (f"; {sub.k}x{sub.sub_batch}: {gib(sub.peak_bytes)} "
+                                 f"({(sub.predicted_seconds / unlimited - 1) * 100:+.1f}%)")
+                    except MemoryBudgetError:
+                        pass
+                cells.append(cell)
                 continue
             base = plan
             over = plan.predicted_overhead or 0.0
@@ -136,6 +153,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default="titanx-12gb,v100-16gb")
     ap.add_argument("--budgets", default="12GiB,16GiB")
+    ap.add_argument("--fractions", default="50%,25%", help="the tight table's budgets, of the liveness peak")
+    ap.add_argument("--tight-profiles", default=TIGHT_PROFILES)
     ap.add_argument("--deepest", action="store_true")
     ap.add_argument("--train", action="store_true", help="also train VGG-11 (CPU) below its full-batch minimum")
     args = ap.parse_args()
@@ -148,6 +167,16 @@ def main():
     t0 = time.perf_counter()
     for name, batch in CASES:
         print(row(name, batch, profiles, budgets), flush=True)
+    print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
+    tight = args.tight_profiles.split(",")
+    fractions = [float(f.strip("%")) / 100 for f in args.fractions.split(",")]
+    heads = [f"{p} @ {f:.0%}" for p in tight for f in fractions]
+    print("\nat a fraction of the liveness peak (targets: at most +3% at 50%, +33% at 25%)")
+    print("| network | batch | ideal | liveness peak | lower bound | " + " | ".join(heads) + " |")
+    print("|---" * (5 + len(heads)) + "|")
+    t0 = time.perf_counter()
+    for name, batch in TIGHT:
+        print(row(name, batch, tight, fractions), flush=True)
     print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
     with shapes_only():
         net = models.get("resnet_deep", depth=1001)

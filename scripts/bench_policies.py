@@ -277,9 +277,9 @@ def table(results, fractions):
 
 
 WHY = {
-    "recompute": "plan_memory tries auto's hybrid and its swap-only variant, not the recompute-only one "
-                 "(planner.policy_variants)",
-    "fallback": "auto's greedy did not fit within _fit's rounds, and plan_memory fell back to the "
+    "recompute": "auto's recompute-only seed is planned only on schedules of at most "
+                 "Knobs.baseline_seed_steps steps",
+    "fallback": "no seed of auto fit within Search.fit's rounds, and plan_memory fell back to the "
                 "everything-evicted minimum plan (marked *)",
 }
 RULE = {

@@ -55,7 +55,8 @@ def test_kept_chain_inputs_recompute_less_and_change_no_bit():
     """Every value dropped and recomputed (chains of dropped inputs): keeping a chain's inputs for a
     next use within the horizon runs fewer recompute steps, and training gives the same bits."""
     import minidnn
-    from minidnn.memory.planner import _Candidates, make_plan
+    from minidnn.memory.greedy import Greedy
+    from minidnn.memory.planner import make_plan
 
     shape = (4, 3, 16, 16)
 
@@ -71,7 +72,7 @@ def test_kept_chain_inputs_recompute_less_and_change_no_bit():
         ref.step(x, y)
     sched = ref.plan.schedule
     cost, touch = ProfileCost("titanx-12gb"), touches(sched)
-    ev = _Candidates(sched, cost, touch, allow_recompute=True, allow_offload=False).all()
+    ev = Greedy(sched, cost, touch, allow_recompute=True, allow_offload=False).all()
     assert ev and all(e.kind == "recompute" for e in ev.values())
     recomputes = {}
     for keep in (0, 64):
@@ -225,3 +226,35 @@ def test_a_chain_deeper_than_pythons_recursion_limit_is_restored():
     assert len(evictions) > 1400
     program = lower(sched, evictions, touch, keep_within=len(sched.steps))   # each link restored once
     assert len(evictions) <= sum(s.kind == "recompute" for s in program.steps) <= 2 * len(evictions)
+
+
+def test_the_search_log_says_why_the_plan_won(setup):
+    """Every seed is tried and logged; the kept trials get faster one after the other, each fits, and
+    the last is the plan returned, named in its summary."""
+    from minidnn.memory import MemoryConfig, plan_memory
+    sched = setup[0]
+    plan = plan_memory(sched, MemoryConfig(budget=0.5, profile="titanx-12gb"))
+    names = [t.what for t in plan.log]
+    for seed in ("greedy", "swap-only", "recompute-only", "vdnn_all", "vdnn_conv", "superneurons", "modnn"):
+        assert seed in names
+    kept = [t for t in plan.log if t.kept]
+    assert kept and all(a.seconds > b.seconds for a, b in zip(kept, kept[1:]))
+    assert all(t.bytes <= plan.budget - sched.persistent_bytes for t in kept)
+    assert kept[-1].seconds == plan.simulation.seconds and kept[-1].bytes == plan.arena_bytes
+    assert str(kept[-1]) in plan.summary()
+
+
+def test_a_tight_budget_recomputes_instead_of_waiting_on_copies():
+    """ResNet-50 b256 at 25% of its liveness peak on the A100 profile: the memory model's greedy seed
+    fits (it did not when it planned against a curve without the chain inputs, and swap-only won at
+    +220%), it recomputes, and the copy-timing repair is tried and kept."""
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        sched = training_schedule(models.get("resnet50"), (256, 3, 224, 224))[1]
+    plan = plan_memory(sched, MemoryConfig(budget=0.25, profile="a100-40gb"))
+    kept = [t.what for t in plan.log if t.kept]
+    assert kept[0] == "greedy" and "greedy + timed copies" in kept   # the repair was tried and kept
+    assert plan.simulation.recompute_seconds > 0
+    swap = next(t for t in plan.log if t.what == "swap-only")
+    assert not swap.kept

@@ -105,15 +105,29 @@ def test_the_plan_is_the_policys_own(name, policy):
         assert all(sched.tensors[t].category != ACT_GRAD for t, _ in plan.evictions)
 
 
-def test_budget_independent_rules_refuse_a_budget_below_their_peak():
+@pytest.mark.parametrize("policy", ("vdnn_all", "vdnn_conv", "checkpoint_sqrt"))  # (superneurons trades workspace)
+def test_budget_independent_rules_refuse_a_budget_below_their_peak(policy):
     sched = schedule_of("resnet20")
-    for policy in ("vdnn_all", "vdnn_conv", "checkpoint_sqrt"):   # (superneurons can trade workspace)
-        rec = Recorded(get_policy(policy))
-        try:
-            plan = plan_memory(sched, MemoryConfig(budget=own_peak("resnet20", policy) - 4096, policy=rec))
-        except mdn.MemoryBudgetError:
-            continue
-        assert not rec.owns(plan), policy
+    budget = own_peak("resnet20", policy) - 4096
+    rec = Recorded(get_policy(policy))
+    with pytest.raises(mdn.MemoryBudgetError) as e:
+        plan_memory(sched, MemoryConfig(budget=budget, policy=rec))
+    assert e.value.budget_bytes == budget
+    assert f"the {policy!r} policy finds no plan" in str(e.value)   # the rule's refusal, not infeasibility
+    assert e.value.minimum_bytes < budget                            # auto would meet it
+    assert not rec.returned or all(own_peak("resnet20", policy) > budget for _ in rec.returned)
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_auto_is_at_or_below_every_policy(name):
+    """auto plans every policy as a seed, so its plan is predicted no slower than any policy's own."""
+    sched = schedule_of(name)
+    for policy in ("vdnn_all", "vdnn_conv", "vdnn_dyn", "superneurons", "modnn", "swap", "recompute"):
+        budget = budget_for(name, policy)
+        own = plan_memory(sched, MemoryConfig(budget=budget, policy=policy))
+        auto = plan_memory(sched, MemoryConfig(budget=budget))
+        assert auto.peak_bytes <= budget
+        assert auto.simulation.seconds <= own.simulation.seconds, policy
 
 
 def test_layerwise_rules():

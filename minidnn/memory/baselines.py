@@ -2,8 +2,9 @@
 
 Each is an object with ``name`` and ``evictions(schedule, limit, cost, touch)``
 (and ``choose(...)``, which also returns the convolution algorithms, where the
-paper picks them); through ``plan_memory`` each yields the same :class:`Plan`
-as minidnn's own ``auto``, and None where its rule cannot meet ``limit``.
+paper picks them), asked through the one policy method ``chooser``
+(policies.py); through ``plan_memory`` each yields the same :class:`Plan` as
+minidnn's own ``auto``, and None where its rule cannot meet ``limit``.
 
 The papers' unit is a layer; here it is a forward step of the schedule (a
 convolution, a BatchNorm, a ReLU are separate layers, as in cuDNN-based
@@ -131,7 +132,11 @@ def downgrade_at_peak(schedule, evictions, touch, options, algos, limit):
 
 
 class _Baseline:
-    """Policies that choose algorithms implement ``choose``; the others only ``evictions``."""
+    """A paper's rule: ``evictions`` (its own algorithms where it picks them: ``choose``), asked
+    for each limit through the one policy method, ``chooser``."""
+
+    def chooser(self, schedule, cost, touch, options, algos):
+        return lambda limit: self.choose(schedule, limit, cost, touch, options, algos)
 
     def choose(self, schedule, limit, cost, touch, options, algos):
         ev = self.evictions(schedule, limit, cost, touch, algos)
@@ -472,11 +477,10 @@ class Recorded:
 
     def __init__(self, policy):
         self.policy, self.name, self.returned = policy, policy.name, []
-        if hasattr(policy, "choose"):
-            self.choose = lambda *a: self._keep(policy.choose(*a), 0)
 
-    def evictions(self, *a):
-        return self._keep(self.policy.evictions(*a), None)
+    def chooser(self, *a):
+        choose = self.policy.chooser(*a)
+        return lambda limit: self._keep(choose(limit), 0)
 
     def _keep(self, out, idx):
         ev = out if idx is None else out[idx]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .policies import get_policy
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -85,7 +87,6 @@ class MemoryConfig:
         """The policy as an object (a name is looked up among the known policies)."""
         if not isinstance(self.policy, str):
             return self.policy
-        from .policies import get_policy
         return get_policy(self.policy)
 
     def resolve(self, liveness_peak: int):

@@ -221,17 +221,20 @@ class OptimalPolicy:
     def __init__(self, time_limit=30.0, offload=True):
         self.time_limit, self.offload = time_limit, offload
 
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        """(evictions, algorithms) within ``limit`` arena bytes: the MILP plan's that placed within
-        it, else the last solution's (the planner then asks again below); or (None, None)."""
-        budget = limit + schedule.persistent_bytes
+    def chooser(self, schedule, cost, touch, options, algos):
+        """limit -> (evictions, algorithms) within ``limit`` arena bytes: the MILP plan's that placed
+        within it, else the last solution's (the planner then asks again below); or (None, None)."""
         config = MemoryConfig(algorithms="auto" if options else "default")
-        try:
-            ref = solve_reference(schedule, budget, cost, config, self.time_limit, self.offload)
-        except MemoryBudgetError:
-            return None, None
-        if ref.milp is not None:
-            return ref.milp.evictions, {**algos, **ref.milp.algos}
-        if ref.solution.evictions is None:
-            return None, None
-        return ref.solution.evictions, {**algos, **ref.solution.algos}
+
+        def choose(limit):
+            try:
+                ref = solve_reference(schedule, limit + schedule.persistent_bytes, cost, config, self.time_limit,
+                                      self.offload)
+            except MemoryBudgetError:
+                return None, None
+            if ref.milp is not None:
+                return ref.milp.evictions, {**algos, **ref.milp.algos}
+            if ref.solution.evictions is None:
+                return None, None
+            return ref.solution.evictions, {**algos, **ref.solution.algos}
+        return choose

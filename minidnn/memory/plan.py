@@ -52,6 +52,8 @@ class Plan:
     placement: str = "single pool"
     algos: dict = None              # schedule step index -> the ops.base.Algo it runs with
     keep_within: int = 0            # the lowering's horizon for recomputed chain inputs (program.lower)
+    baseline_algos: dict = None     # the unlimited plan's algorithms
+    log: tuple = ()                 # the planner's search: every trial (search.Trial), in order
 
     @property
     def algorithm_changes(self) -> dict:
@@ -61,7 +63,6 @@ class Plan:
         return {self.schedule.steps[i].label + f" ({self.schedule.steps[i].kind})": (a.name, self.algos[i].name)
                 for i, a in self.baseline_algos.items() if self.algos.get(i) != a}
 
-    baseline_algos = None           # the unlimited plan's algorithms, set by the planner
     k = 1                           # the step runs whole
     batch_norm_updates = 1          # a training step moves BatchNorm's running statistics once
 
@@ -165,6 +166,10 @@ class Plan:
             lines.append(f"  predicted step     {sim.seconds * 1e3:10.2f} ms" +
                          (f"  ({over * 100:+.1f}% vs unlimited memory)" if over is not None else "") +
                          f"; stalls {sim.stall_seconds * 1e3:.2f} ms, recompute {sim.recompute_seconds * 1e3:.2f} ms")
+        kept = [t for t in self.log if t.kept]
+        if kept:
+            lines.append(f"  why this plan: {len(self.log)} candidates tried, the fastest that fits kept, in turn:")
+            lines += [f"    {t}" for t in kept]
         if top:
             curve = self.live_curve
             at = max(range(len(curve)), key=curve.__getitem__)

@@ -3,27 +3,27 @@
 ``plan_memory`` lowers the schedule with the evictions a policy chooses,
 places every residency in the arena, and verifies the result against the
 budget; it raises MemoryBudgetError with the smallest feasible budget when
-none fits. Policies are objects (see policies.py); the default ``auto`` is the
-swap/recompute hybrid in this file's :class:`AutoPolicy`.
+none fits. Policies are objects with one method (policies.py); the default
+``auto`` is the swap/recompute hybrid of greedy.py, planned from several seeds
+by the search of search.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
-import math
-
-import numpy as np
 
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
-from .baselines import CheckpointSqrt
 from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
+from .greedy import AutoPolicy, Greedy  # noqa: F401  (AutoPolicy: the planner's own policy, named here too)
+from .knobs import Knobs
 from .placement import place_program
 from .plan import Plan
-from .program import Evict, lower, recompute_seconds, touches
+from .program import lower, touches
+from .search import Problem, Search
 from .simulator import memory_curve, simulate
-from .transfers import timed_transfers
 
 
 def algorithm_options(schedule, cost) -> dict:
@@ -64,208 +64,24 @@ def lower_bound(schedule, algos=None) -> int:
 
 
 def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
-              program=None, simulation=None, keep_within=0, arena_limit=None) -> Plan:
+              program=None, simulation=None, keep_within=0, arena_limit=None, liveness=None, least=None,
+              baseline_algos=None) -> Plan:
     """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
     is that replay already, or the arena exceeds ``arena_limit``) ``evictions`` with ``algos``; the
-    Plan (not yet checked against a budget)."""
+    Plan (not yet checked against a budget). ``liveness``, ``least``: the schedule's liveness peak and
+    lower bound (the liveness peak is this plan's own where nothing is evicted)."""
     program = program if program is not None else lower(schedule, evictions, touch, algos, keep_within)
     offsets, arena, how = place_program(program)
-    for k, r in enumerate(program.residencies):
-        r.offset = offsets[k]
     persistent = schedule.persistent_bytes
+    if liveness is None and not evictions:
+        liveness = persistent + int(memory_curve(program).max(initial=0))
     replay = cost is not None and (arena_limit is None or arena <= arena_limit)
     sim = simulation if simulation is not None or not replay else simulate(program, schedule, cost, algos=algos)
     return Plan(schedule=schedule, program=program, offsets=offsets, persistent_bytes=persistent,
                 arena_bytes=arena, ideal_bytes=persistent + schedule.arena_bytes_no_reuse,
-                liveness_peak_bytes=persistent + int(memory_curve(program).max(initial=0)) if not evictions else None,
-                budget=budget, policy=policy, simulation=sim, baseline=baseline, evictions=dict(evictions),
-                host_bytes=program.host_bytes, placement=how, algos=dict(algos or {}), keep_within=keep_within)
-
-
-class AutoPolicy:
-    """minidnn's planner: per gap, offload or recompute by predicted cost, greedily at the peak.
-
-    Repeatedly takes the step where the most bytes are live and evicts, among
-    the tensors idle across it, the one that frees the most bytes per second
-    of predicted overhead: an offload costs the part of its two transfers that
-    the compute inside its gap cannot hide; a recomputation costs its
-    producer's forward (and that of any dropped input it needs). Exact
-    placement is checked after each round; fragmentation tightens the target.
-    ``plan_memory`` then times the copies and turns recomputations into
-    offloads where the copy stream has room left (transfers.py).
-    """
-
-    def __init__(self, recompute=True, offload=True, name="auto", copies_free=False):
-        self.recompute, self.offload, self.name = recompute, offload, name
-        self.copies_free = copies_free      # rank offloads as if copies took nothing from compute
-
-    @property
-    def hybrid(self) -> bool:
-        """Free to choose between offloading and recomputing."""
-        return self.offload and self.recompute
-
-    def evictions(self, schedule, limit, cost, touch):
-        return self.choose(schedule, limit, cost, touch, {}, {})[0]
-
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
-        and are traded for smaller workspaces where that costs less than evicting."""
-        return self.chooser(schedule, cost, touch, options, algos)(limit)
-
-    def chooser(self, schedule, cost, touch, options, algos):
-        """``choose`` for one schedule at any number of limits: a function limit -> (evictions,
-        algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
-        so one run of it, continued as lower limits are asked for, answers every limit."""
-        return _Candidates(schedule, cost, touch, self.recompute, self.offload, options, algos,
-                           self.copies_free).greedy
-
-
-class _Candidates:
-    """Every gap of every arena tensor, with what evicting it frees and costs."""
-
-    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
-                 copies_free=False):
-        self.schedule, self.touch = schedule, touch
-        self.options, self.algos = options or {}, dict(algos or {})
-        steps = schedule.steps
-        self.secs = np.array([cost.step_seconds(schedule, s) for s in steps])
-        self.cum = np.concatenate([[0.0], np.cumsum(self.secs)])
-        n = len(steps)
-        tensors = schedule.tensors
-        keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
-        first = np.fromiter((ts[0] for ts in touch.values()), np.int64, len(touch))
-        last = np.fromiter((n - 1 if t in keep else ts[-1] for t, ts in touch.items()), np.int64, len(touch))
-        size = schedule.tensor_bytes[np.fromiter(touch, np.int64, len(touch))]
-        diff = np.zeros(n + 1, np.int64)
-        np.add.at(diff, first, size)
-        np.subtract.at(diff, last + 1, size)
-        self.curve = np.cumsum(diff[:-1])
-        for i, a in self.algos.items():           # the chosen algorithms' workspaces, not the defaults'
-            st = steps[i]
-            self.curve[i] += aligned(a.workspace) - (aligned(tensors[st.ws].nbytes) if st.ws is not None else 0)
-        producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
-        last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
-        rows, off_cost, xfer, rc_cost = [], [], [], []
-        # what the two copies take from compute even when the gap hides them
-        shared = 0.0 if copies_free else 2 * (1.0 - cost.copy_overlap)
-        cum, sizes = self.cum.tolist(), schedule.tensor_bytes.tolist()   # (faster one by one than arrays)
-        for t, ts in touch.items():
-            size = sizes[t]
-            for g in range(len(ts) - 1):
-                a, b = ts[g], ts[g + 1]
-                if b - a < 2:
-                    continue
-                x = cost.transfer_seconds(tensors[t].nbytes) if allow_offload else np.inf
-                rc = (recompute_seconds(t, b, touch, producer, self.secs)
-                      if allow_recompute and b > last_forward and t in producer else np.inf)
-                if math.isinf(x) and math.isinf(rc):
-                    continue
-                rows.append((t, g, a, b, size))
-                # the copy stream is shared: even a transfer that its gap could hide may delay
-                # others, so each is charged a quarter of its time (the Capuchin-style bias
-                # towards recomputing cheap layers and swapping expensive ones)
-                off_cost.append(max(0.0, 2 * x - (cum[b] - cum[a + 1])) + (0.25 + shared) * x)
-                xfer.append(2 * x)
-                rc_cost.append(rc)
-        self.rows = rows
-        self.A = np.array([r[2] for r in rows], np.int64)
-        self.B = np.array([r[3] for r in rows], np.int64)
-        self.size = np.array([r[4] for r in rows], np.float64)
-        self.off_cost, self.xfer, self.rc_cost = np.array(off_cost), np.array(xfer), np.array(rc_cost)
-        self.taken = np.zeros(len(rows), bool)
-        self.copy_capacity = 0.9 * self.cum[-1]   # what the copy stream can hide behind one iteration
-        self.copy_used = 0.0
-        # the greedy's state: the curve as decided so far, the algorithms then, and each decision
-        # with the curve's peak before it
-        self.live = self.curve.astype(np.float64)
-        self.current = dict(self.algos)
-        self.peaks, self.decisions, self.stuck = [], [], False
-
-    def _costs(self, rows):
-        """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed."""
-        xfer = self.xfer[rows]
-        over = self.copy_used + xfer > self.copy_capacity
-        off = np.where(over, xfer, self.off_cost[rows])   # beyond capacity a copy is exposed
-        rc = self.rc_cost[rows]
-        return np.minimum(off, rc), off <= rc
-
-    def greedy(self, limit):
-        """(evictions {(t, gap): Evict}, algorithms) that bring the approximate curve within
-        ``limit``, or (None, None). Evicts greedily at the peak; the decisions are recorded, so a
-        higher limit than one asked before is answered by a prefix of them and a lower one by
-        continuing from where the last stopped."""
-        peaks, steps = self.peaks, self.decisions
-        k = next((i for i, p in enumerate(peaks) if p <= limit), None)
-        while k is None:
-            s = int(np.argmax(self.live))
-            peak = self.live[s]
-            if peak <= limit:
-                k = len(steps)
-                break
-            decision = None if self.stuck else self._decide(s)
-            if decision is None:
-                self.stuck = True
-                break
-            peaks.append(peak)
-            steps.append(decision)
-        if k is None:
-            return None, None
-        chosen, algos = {}, dict(self.algos)
-        for d in steps[:k]:
-            if d[0] == "algo":
-                algos[d[1]] = d[2]
-            else:
-                chosen[d[1]] = d[2]
-        return chosen, algos
-
-    def _decide(self, s):
-        """Take the cheapest way to lower the curve at its peak, step ``s``: an eviction or a smaller
-        workspace, applied to the curve. The decision, or None if none is left."""
-        curve = self.live
-        idle = np.flatnonzero((self.A < s) & (self.B > s) & ~self.taken)   # the rows that can lower it
-        best = np.inf
-        if len(idle):
-            cost, is_off = self._costs(idle)
-            ratio = (cost + 1e-9) / self.size[idle]
-            j = int(np.argmin(ratio))
-            best = ratio[j]
-        swap = self._cheaper_algorithm(s)
-        if swap is not None and swap[0] <= best:
-            _, freed, algo = swap
-            self.current[s] = algo
-            curve[s] -= freed
-            return ("algo", s, algo)
-        if not len(idle):
-            return None
-        k = int(idle[j])
-        self.taken[k] = True
-        t, g, a, b, size = self.rows[k]
-        if is_off[j]:
-            self.copy_used += self.xfer[k]
-        curve[a + 1:b] -= size
-        return ("evict", (t, g), Evict("offload" if is_off[j] else "recompute"))
-
-    def _cheaper_algorithm(self, s):
-        """(seconds lost per byte freed, bytes freed, Algo) of the best smaller-workspace algorithm at step s."""
-        opts = self.options.get(s)
-        if not opts:
-            return None
-        cur = self.current.get(s, opts[0][1])
-        t_cur = next(t for t, a in opts if a == cur)
-        best = None
-        for t, a in opts:
-            freed = aligned(cur.workspace) - aligned(a.workspace)
-            if freed > 0:
-                r = (max(t - t_cur, 0.0) + 1e-9) / freed
-                if best is None or r < best[0]:
-                    best = (r, freed, a)
-        return best
-
-    def all(self):
-        """Every gap evicted, each by its cheaper way (offload where it cannot be recomputed)."""
-        everything = np.ones(len(self.rows), bool)
-        _, is_off = self._costs(everything)
-        return {(r[0], r[1]): Evict("offload" if o else "recompute") for r, o in zip(self.rows, is_off)}
+                liveness_peak_bytes=liveness, lower_bound_bytes=least, budget=budget, policy=policy, simulation=sim,
+                baseline=baseline, evictions=dict(evictions), host_bytes=program.host_bytes, placement=how,
+                algos=dict(algos or {}), keep_within=keep_within, baseline_algos=baseline_algos)
 
 
 def _collector_paused(fn):
@@ -286,8 +102,9 @@ def _collector_paused(fn):
 
 
 @_collector_paused
-def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
-    """The plan for ``schedule`` under ``config``: its budget, policy and device profile.
+def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs = Knobs()) -> Plan:
+    """The plan for ``schedule`` under ``config``: its budget, policy and device profile (``knobs``:
+    the search's thresholds).
 
     Every step starts with its fastest algorithm; the unlimited plan keeps them.
     Under a budget the policy evicts tensors and (the ``auto`` policy) trades
@@ -305,52 +122,24 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
     budget = config.resolve(liveness)
     # the unlimited plan is placed only where it may be the answer: its arena is at least its liveness peak
     if budget is None or liveness <= budget or config.policy == "none":
-        base = make_plan(schedule, {}, cost, "none", touch=touch, algos=quick, program=unlimited,
-                         simulation=baseline)
-        base.baseline, base.lower_bound_bytes, base.budget = baseline, least_bytes, budget
+        base = make_plan(schedule, {}, cost, "none", budget, baseline, touch, quick, unlimited, baseline,
+                         liveness=liveness, least=least_bytes)
         if budget is None or base.peak_bytes <= budget or config.policy == "none":
             if budget is not None and base.peak_bytes > budget:
                 _infeasible(budget, base.peak_bytes, base)
             return base
     policy = config.policy_object()
-    limit = budget - schedule.persistent_bytes
 
     def build(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None):
-        p = make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
-                      keep_within, arena_limit)
-        p.liveness_peak_bytes, p.lower_bound_bytes = liveness, least_bytes
-        p.baseline_algos = quick
-        return p
+        return make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
+                         keep_within, arena_limit, liveness, least_bytes, quick)
 
-    best = beat = None                   # the fastest plan, and the fastest before its transfers were retimed
-
-    def fitted(variant, convert, prune=True):
-        nonlocal best, beat
-        plan = _fit(variant, schedule, limit, cost, touch, build, options, quick, beat=beat if prune else None)
-        if plan is not None and _rechains(plan):
-            plan = _keep_chains(variant, schedule, limit, cost, touch, build, options, quick, plan)
-        if plan is None:
-            return
-        beat = min(beat or math.inf, plan.simulation.seconds)
-        plan = timed_transfers(plan, schedule, cost, limit, touch, build, convert,
-                               best.simulation.seconds if best is not None else None)
-        if best is None or plan.simulation.seconds < best.simulation.seconds:
-            best = plan
-
-    for variant in policy_variants(policy, cost):
-        fitted(variant, convert=isinstance(variant, AutoPolicy) and variant.hybrid)
-    hybrid = isinstance(policy, AutoPolicy) and policy.hybrid
-    sqrt = CheckpointSqrt()
-    if (hybrid and best is not None and best.simulation.seconds > 1.1 * baseline.seconds
-            and sqrt.rework(schedule, touch) <= SQRT_REWORK):
-        # where the greedy's plan costs a tenth of a step and more (copies hide little: a fast GPU
-        # on a slow link), Chen et al.'s sqrt(n) segments are planned too, their recomputations
-        # offloaded where the copy stream has room (not pruned: their first lowering recomputes
-        # chains again and again, which the horizon search then removes) - unless that first
-        # lowering would be too long to plan in seconds (a thousand-layer network's)
-        fitted(sqrt, convert=True, prune=False)
+    problem = Problem(schedule, cost, touch, budget - schedule.persistent_bytes, options, quick, build,
+                      baseline.seconds, knobs)
+    search = Search(problem)
+    best = search.run(policy)
     if best is not None:
-        return best
+        return dataclasses.replace(best, log=tuple(search.log))
     least = minimum_plan(schedule, cost, touch, build, options)
     if least.peak_bytes > budget:   # where evicting fragments more than it frees, evicting nothing needs less
         full = make_plan(schedule, {}, None, "none", touch=touch, algos=quick, program=unlimited)
@@ -361,115 +150,12 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None) -> Plan:
             f"the {policy.name!r} policy finds no plan within {format_bytes(budget)} ({budget} B); the planner's "
             f"own minimum is {format_bytes(least.peak_bytes)} ({least.peak_bytes} B): use policy 'auto' or a "
             f"larger budget", least.peak_bytes, budget)
-    return least
-
-
-# The most recompute steps per schedule step (CheckpointSqrt.rework) that planning sqrt(n)
-# segments may start from: VGG-16, ResNet-50/101/152, GoogLeNet and DenseNet-121 have 1.1-3.4,
-# a 1001-layer ResNet 10 (its first lowering has 3.2 million steps and takes a minute).
-SQRT_REWORK = 6.0
-
-
-def policy_variants(policy, cost):
-    """The policy and, for the hybrid, its swap-only variant and (where copies take time from
-    compute) the variant that ranks offloads as if they did not: the simulator picks the fastest."""
-    if isinstance(policy, AutoPolicy) and policy.hybrid:
-        more = [AutoPolicy(name=policy.name, copies_free=True)] if cost.copy_overlap < 1 else []
-        return [policy, AutoPolicy(recompute=False, name=policy.name)] + more
-    return [policy]
-
-
-def _rechains(plan) -> bool:
-    """Whether the plan's recomputations mostly recompute chains of dropped inputs again and again
-    (more than three recompute steps per recomputed value; below that, searching for a horizon
-    costs a deep network's planning more time than its plan gains)."""
-    chosen = sum(ev.kind == "recompute" for ev in plan.evictions.values())
-    return chosen > 0 and sum(s.kind == "recompute" for s in plan.program.steps) > 3 * chosen
-
-
-def _keep_chains(policy, schedule, limit, cost, touch, build, options, algos, best):
-    """The fastest of ``best`` and plans whose lowering keeps recomputed chain inputs for their
-    next use within a horizon, doubled while that keeps getting faster: a longer horizon
-    recomputes less but holds more, so at some point the policy must evict more to fit."""
-    horizon = 16
-    while horizon < len(schedule.steps):
-        plan = _fit(policy, schedule, limit, cost, touch, build, options, algos, keep_within=horizon,
-                    beat=best.simulation.seconds)
-        if plan is None or plan.simulation.seconds >= best.simulation.seconds:
-            break
-        best, horizon = plan, 2 * horizon
-    return best
-
-
-def _chooser(policy, schedule, cost, touch, options, algos):
-    """The policy as a function target -> (evictions, algorithms): its resumable chooser where it
-    has one, else its ``choose`` (algorithms too) or ``evictions`` (the given algorithms)."""
-    if hasattr(policy, "chooser"):
-        return policy.chooser(schedule, cost, touch, options, algos)
-    if hasattr(policy, "choose"):
-        return lambda target: policy.choose(schedule, target, cost, touch, options, algos)
-    return lambda target: (policy.evictions(schedule, target, cost, touch), algos)
-
-
-def _fit(policy, schedule, limit, cost, touch, build, options, algos, rounds=8, beat=None, keep_within=0):
-    """The fastest plan found whose exact placement fits ``limit``, or None.
-
-    The policy plans against an approximate curve; what lowering (inputs that a
-    recomputation restores) and placement (fragmentation) add on top is known
-    only afterwards. So the policy's target is searched: lowered by at least the
-    overshoot until a plan fits, then bisected between the highest target that
-    fit and the lowest that did not (a higher target evicts less).
-
-    With ``beat`` (the step time of a plan found already), a search in which no
-    plan has fit yet ends at an attempt predicted to take ``beat`` or longer
-    (the simulation does not depend on placement, so it is not placed): a lower
-    target only evicts more, so no later attempt is faster.
-    """
-    choose = _chooser(policy, schedule, cost, touch, options, algos)
-
-    def attempt(target):
-        ev, chosen = choose(target)
-        if ev is None:
-            return None, None
-        program = lower(schedule, ev, touch, chosen, keep_within)
-        live = int(memory_curve(program).max(initial=0))
-        if live > limit:                         # only a candidate that can fit is worth placing
-            return None, live
-        sim = simulate(program, schedule, cost, algos=chosen)
-        if beat is not None and best is None and sim.seconds >= beat:
-            return None, None                    # cannot win, nor can a lower target
-        plan = build(ev, chosen, program, sim, keep_within)
-        return (plan, None) if plan.arena_bytes <= limit else (None, plan.arena_bytes)
-
-    step = max(limit // 64, 1)
-    fit = miss = None                            # highest target that fit, lowest that did not
-    best, target = None, limit
-    for _ in range(rounds):
-        plan, need = attempt(target)
-        if plan is not None:
-            fit = target
-            if best is None or plan.simulation.seconds < best.simulation.seconds:
-                best = plan
-        elif need is None:                       # the policy cannot go this low
-            if best is None:
-                return None
-            miss = target
-        else:
-            miss = target
-        if best is None:
-            target -= max(need - limit, step)
-            if target <= 0:
-                return None
-        elif miss is None or miss - fit <= step:
-            break
-        else:
-            target = (fit + miss) // 2
-    return best
+    return dataclasses.replace(least, log=tuple(search.log))
 
 
 def minimum_plan(schedule, cost, touch, build, options):
     """Everything evictable evicted, just in time, smallest workspaces: the least this planner needs."""
-    return build(_Candidates(schedule, cost, touch, True, True).all(), smallest(options))
+    return build(Greedy(schedule, cost, touch, True, True).all(), smallest(options))
 
 
 @_collector_paused

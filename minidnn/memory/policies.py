@@ -1,9 +1,25 @@
-"""Memory policies by name. Each is an object with ``name`` and
-``evictions(schedule, arena_limit, cost, touches) -> {(tensor, gap): Evict} | None``."""
+"""Memory policies by name, and the one protocol every policy implements.
+
+A policy is an object with a ``name`` and one method, ``chooser``: given the
+fixed facts of one schedule it returns a function from an arena limit (bytes)
+to ``(evictions {(tensor, gap): Evict}, algorithms {step: Algo})``, or
+``(None, None)`` where it cannot meet that limit. ``plan_memory`` asks it for
+several limits while it searches (a resumable policy such as the greedy
+answers a lower limit by continuing where it stopped).
+"""
 from __future__ import annotations
 
+from typing import Callable, Protocol
+
 from .baselines import VDNN, CheckpointSqrt, MoDNN, SuperNeurons, VDNNDynamic
-from .planner import AutoPolicy
+from .greedy import AutoPolicy
+
+
+class Policy(Protocol):
+    name: str
+
+    def chooser(self, schedule, cost, touch, options: dict, algos: dict) -> Callable[[int], tuple]:
+        """limit -> (evictions or None, algorithms or None) for ``schedule``."""
 
 
 class NoEviction:
@@ -11,8 +27,8 @@ class NoEviction:
 
     name = "none"
 
-    def evictions(self, schedule, limit, cost, touch):
-        return None
+    def chooser(self, schedule, cost, touch, options, algos):
+        return lambda limit: (None, None)
 
 
 POLICIES = {
@@ -28,9 +44,11 @@ POLICIES = {
     "superneurons": SuperNeurons,
     "modnn": MoDNN,
 }
+# the papers' policies that ``auto`` also plans from (seeds), so it is at or below each
+BASELINES = ("vdnn_all", "vdnn_conv", "vdnn_dyn", "superneurons", "modnn")
 
 
-def get_policy(name):
+def get_policy(name) -> Policy:
     try:
         return POLICIES[name]()
     except KeyError:

@@ -44,7 +44,6 @@ class Residency:
     start: int         # index in Program.steps
     end: int
     origin: str        # "compute", "prefetch" or "recompute"
-    offset: int = None
     wait_offload: int = None   # step index of the offload whose completion the free waits for
     delay: int = 0
 
@@ -62,7 +61,7 @@ class Program:
     @cached_property
     def buffers(self) -> tuple:
         """(starts, ends, aligned bytes) of the residencies, as int64 arrays. Computed once: a
-        Program's residencies do not change after lowering (placement only sets their offsets)."""
+        Program's residencies do not change after lowering."""
         res, n = self.residencies, len(self.residencies)
         arrays = (np.fromiter((r.start for r in res), np.int64, n), np.fromiter((r.end for r in res), np.int64, n),
                   self.tensor_bytes[np.fromiter((r.tensor for r in res), np.int64, n)])
@@ -132,6 +131,117 @@ def recompute_seconds(t, at, touch, producer, secs, depth=0) -> float:
     return c
 
 
+def workspace_bytes(step, algos, tensors) -> int:
+    """The workspace bytes (unaligned) ``step`` runs with: its chosen algorithm's, else its own."""
+    algo = algos.get(step.index)
+    return algo.workspace if algo is not None else (tensors[step.ws].nbytes if step.ws is not None else 0)
+
+
+def restore_order(missing, needed, present, on_host, producer, tensors, droppable) -> list:
+    """The chain that brings ``missing`` back before a step that touches ``needed``: a list of
+    ("prefetch", tensor), ("recompute", Step) and ("fused", Step) in the order the lowering runs
+    them. ``present(u)``: whether u is on the device before the chain; ``on_host(u)``: whether the
+    host store holds it (then it is prefetched, else its producer recomputed, and so on back to
+    what is on the device or the host); ``droppable(u)``: whether a restored value is dropped
+    after its last use in the chain. One walk for the lowering and for the planner's memory model.
+
+    Each producer runs once, in dependency order. (Dropping a value that two branches of the chain
+    read after the first would restore it once per residual join: 2^joins times in a segment of
+    residual blocks.) Raises ValueError for a value neither on the host nor recomputable."""
+    order, seen, path = [], set(), set()
+    todo = [(t, False) for t in reversed(missing)]   # a depth-first walk: chains can be deep
+    while todo:
+        t, inputs_done = todo.pop()
+        if inputs_done:                   # every dropped input is restored: recompute it
+            path.discard(t)
+            src = producer[t]
+            order.append(("recompute", src))
+            seen.update(src.outs)
+            continue
+        if t in seen:
+            continue
+        if on_host(t):
+            order.append(("prefetch", t))
+            seen.add(t)
+            continue
+        src = producer.get(t)
+        if src is None or not src.node.op.recomputable or t in path:
+            raise ValueError(f"cannot restore {tensors[t].name}: neither on the host nor recomputable")
+        path.add(t)
+        todo.append((t, True))
+        # the input produced first is restored first: its chain is the longer one, and a residual
+        # join's other input (a few steps back) then waits on the device one tensor at a time, not
+        # one per block of the chain
+        deps = [u for u in dict.fromkeys(src.ins) if u is not None and not tensors[u].persistent
+                and u not in seen and not present(u)]
+        if len(deps) > 1:
+            deps.sort(key=lambda u: producer[u].index if u in producer else -1, reverse=True)
+        todo.extend((u, False) for u in deps)
+    return _fuse(order, needed, droppable)
+
+
+def _fuse(order, needed, droppable) -> list:
+    """``order`` with each recomputation whose first output only one later recomputation of the
+    chain reads (once; not the current step, nor a value that stays) merged into that one as a
+    step of the fused op (:meth:`Op.fused`), which never writes the output; merged steps merge on
+    (BatchNorm, add, ReLU). A merged step stands for the first op merged into (its cost: one pass
+    over that op's bytes)."""
+    out, dead = list(order), set()
+    readers = defaultdict(list)           # tensor -> the positions of the chain steps that read it
+    for j, (kind, w) in enumerate(out):
+        if kind != "prefetch":
+            for u in dict.fromkeys(w.ins):
+                readers[u].append(j)
+    for k, (kind, a) in enumerate(out):
+        y = a.outs[0] if kind != "prefetch" and a.outs else None
+        rs = readers.get(y, ())
+        j = rs[0] if len(rs) == 1 else None              # its one reader in the chain
+        b = out[j][1] if j is not None else None
+        op = a.node.op.fused(b.node.op) if b is not None and b.ins.count(y) == 1 else None
+        if (op is None or y in needed or not droppable(y)
+                or any(u in out[i][1].ins for i in range(k + 1, j) if out[i][0] != "prefetch"
+                       for u in a.outs[1:])):       # its other outputs are not wanted before it
+            continue
+        others = [u for u in b.ins if u != y]
+        node = Node(a.node.id, op, a.node.inputs, b.node.outputs[:1] + a.node.outputs[1:], a.node.path)
+        out[j] = ("fused", Step(a.index if kind == "fused" else b.index, b.kind, f"{a.label}+{b.node.op.name}",
+                                node=node, reads=a.reads + others, ins=a.ins + others,
+                                outs=b.outs[:1] + a.outs[1:], ws=a.ws, flops=a.flops + b.flops))
+        dead.add(k)
+    return [e for k, e in enumerate(out) if k not in dead]
+
+
+def restore_footprint(order, present, droppable, nbytes, ws_bytes, secs) -> tuple:
+    """(the most bytes ``order``'s chain holds at once on top of what is on the device before it,
+    the seconds of its recomputations): what the lowering's steps for it hold, step by step.
+    ``nbytes``: aligned bytes by tensor id; ``ws_bytes(step)``: a recomputation's aligned
+    workspace; ``secs``: seconds by schedule step."""
+    last, opened = {}, {}                 # value -> the last chain position reading it / opening it
+    for p, (kind, what) in enumerate(order):
+        if kind == "prefetch":
+            opened[what] = p
+            continue
+        for u in what.ins:
+            if u is not None:
+                last[u] = p
+        for u in what.outs:
+            if u not in opened and not present(u):
+                opened[u] = p
+    change = np.zeros(len(order) + 1, np.int64)   # bytes opened at a position, dropped after one
+    for u, p in opened.items():
+        change[p] += nbytes[u]
+        if droppable(u):
+            change[last.get(u, p) + 1] -= nbytes[u]
+    held, peak, seconds = np.cumsum(change[:-1]).tolist(), 0, 0.0
+    for p, (kind, what) in enumerate(order):
+        if kind == "prefetch":
+            peak = max(peak, held[p])
+        else:
+            peak = max(peak, held[p] + ws_bytes(what))
+            seconds += secs[what.index]
+    return peak, seconds
+
+
 _step_fields = operator.attrgetter(*(f.name for f in fields(Step)))   # a Step's constructor arguments
 
 
@@ -199,37 +309,12 @@ class _Lowering:
         self.open(t, i, "prefetch")
 
     def restore(self, missing, needed):
-        """Bring the tensors ``missing`` back before the current step: from the host, or by
-        recomputing their producers, and so on back to what is on the device or the host (a chain).
-
-        Each producer runs once, in dependency order; every value restored on the way is dropped
-        again after its last use in the chain, unless :meth:`droppable` says it stays. (Dropping a
-        value that two branches of the chain read after the first would restore it once per
-        residual join: 2^joins times in a segment of residual blocks.)"""
-        order, seen, path = [], set(), set()
-        todo = [(t, False) for t in reversed(missing)]   # a depth-first walk: chains can be deep
-        while todo:
-            t, inputs_done = todo.pop()
-            if inputs_done:                   # every dropped input is restored: recompute it
-                path.discard(t)
-                src = self.producer[t]
-                order.append(("recompute", src))
-                seen.update(src.outs)
-                continue
-            if t in seen:
-                continue
-            if t in self.host_valid:
-                order.append(("prefetch", t))
-                seen.add(t)
-                continue
-            src = self.producer.get(t)
-            if src is None or not src.node.op.recomputable or t in path:
-                raise ValueError(f"cannot restore {self.tensors[t].name}: neither on the host nor recomputable")
-            path.add(t)
-            todo.append((t, True))
-            todo.extend((u, False) for u in reversed(list(dict.fromkeys(x for x in src.ins if x is not None)))
-                        if not self.tensors[u].persistent and u not in self.cur and u not in seen)
-        order = self.fuse(order, needed)
+        """Bring the tensors ``missing`` back before the current step, by :func:`restore_order`'s
+        chain; every value restored on the way is dropped again after its last use in the chain,
+        unless :meth:`droppable` says it stays."""
+        drop = lambda u: self.droppable(u, needed)          # noqa: E731
+        order = restore_order(missing, needed, self.cur.__contains__, self.host_valid.__contains__,
+                              self.producer, self.tensors, drop)
         last = {}                             # restored value -> the last chain step that reads it
         for kind, what in order:
             if kind == "prefetch":
@@ -241,44 +326,13 @@ class _Lowering:
                     last[u] = i
         for kind, what in order:              # the chain's values nobody needs soon are dropped
             for u in ([what] if kind == "prefetch" else what.outs):
-                if u in self.cur and self.res[self.cur[u]].origin != "compute" and self.droppable(u, needed):
+                if u in self.cur and self.res[self.cur[u]].origin != "compute" and drop(u):
                     self.close(u, last.get(u, self.res[self.cur[u]].start))
-
-    def fuse(self, order, needed) -> list:
-        """``order`` with each recomputation whose first output only one later recomputation of
-        the chain reads (once; not the current step, nor a use of its own within ``keep_within``)
-        merged into that one as a step of the fused op (:meth:`Op.fused`), which never writes the
-        output; merged steps merge on (BatchNorm, add, ReLU). A merged step stands for the first
-        op merged into (its cost: one pass over that op's bytes)."""
-        out, dead = list(order), set()
-        readers = defaultdict(list)           # tensor -> the positions of the chain steps that read it
-        for j, (kind, w) in enumerate(out):
-            if kind != "prefetch":
-                for u in dict.fromkeys(w.ins):
-                    readers[u].append(j)
-        for k, (kind, a) in enumerate(out):
-            y = a.outs[0] if kind != "prefetch" and a.outs else None
-            rs = readers.get(y, ())
-            j = rs[0] if len(rs) == 1 else None              # its one reader in the chain
-            b = out[j][1] if j is not None else None
-            op = a.node.op.fused(b.node.op) if b is not None and b.ins.count(y) == 1 else None
-            if (op is None or y in needed or not self.droppable(y, needed)
-                    or any(u in out[i][1].ins for i in range(k + 1, j) if out[i][0] != "prefetch"
-                           for u in a.outs[1:])):       # its other outputs are not wanted before it
-                continue
-            others = [u for u in b.ins if u != y]
-            node = Node(a.node.id, op, a.node.inputs, b.node.outputs[:1] + a.node.outputs[1:], a.node.path)
-            out[j] = ("fused", Step(a.index if kind == "fused" else b.index, b.kind, f"{a.label}+{b.node.op.name}",
-                                    node=node, reads=a.reads + others, ins=a.ins + others,
-                                    outs=b.outs[:1] + a.outs[1:], ws=a.ws, flops=a.flops + b.flops))
-            dead.add(k)
-        return [e for k, e in enumerate(out) if k not in dead]
 
     def _recompute(self, src) -> int:
         """Emit a recomputation of schedule step ``src`` (its inputs on the device); its index."""
         algo = self.algos.get(src.index)
-        nbytes = algo.workspace if algo is not None else (self.tensors[src.ws].nbytes if src.ws is not None else 0)
-        ws = self.workspace(f"recompute {src.label}", nbytes)
+        ws = self.workspace(f"recompute {src.label}", workspace_bytes(src, self.algos, self.tensors))
         i = self.emit(Step(0, "recompute", f"recompute {src.label}", node=src.node, reads=list(src.reads),
                            writes=[u for u in src.outs if u not in self.cur], ins=list(src.ins),
                            outs=list(src.outs), ws=ws, flops=src.flops, algo=algo.name if algo else None),

@@ -1,13 +1,12 @@
 """When a plan's copies run, and which recomputations become copies.
 
-The policies decide what to evict; ``plan_memory`` hands each policy's plan
-to :func:`timed_transfers`, which times its copies on the copy stream
-(:func:`hide_transfers`) and, for a policy free to choose between copying and
-recomputing, turns recomputations into offloads where the stream has room
-left (:func:`offload_recomputations`) and offloads that the compute still
-waits for into recomputations (:func:`recompute_stalled`). Each candidate is
-lowered, placed and replayed by the simulator; the fastest that fits the
-budget is kept.
+The policies decide what to evict; the search's repairs (repairs.py) time
+each seed's copies on the copy stream (:func:`hide_transfers`) and, for a
+seed free to choose between copying and recomputing, turn recomputations into
+offloads where the stream has room left (:func:`offload_recomputations`) and
+offloads that the compute still waits for into recomputations
+(:func:`recompute_stalled`). Each candidate is lowered, placed and replayed by
+the simulator; the fastest that fits the budget is kept.
 """
 from __future__ import annotations
 
@@ -205,43 +204,6 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     if queued is not None and not stalls(queued):
         return queued
     return fastest(queued, fitted(*targets(queued=False)))
-
-
-def timed_transfers(plan, schedule, cost, limit, touch, build, convert, beat=None):
-    """The fastest of ``plan``, ``plan`` with its transfers retimed, and (``convert``: for a policy
-    free to choose between the two) that with recomputations offloaded where the copy stream has
-    room for them, retimed too, then with the offloads it stalls for recomputed. Where its first
-    retiming is predicted no faster than ``beat`` (a plan found already), that is the answer: the
-    refinements gain a few percent, and on a deep network each costs a second."""
-    def plan_fn(ev):          # a plan that does not fit is not replayed
-        return build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=limit)
-
-    def retimed(p):
-        """``p`` retimed; where that still stalls (and may yet win), retimed once more from the
-        retimed plan, whose lowering shows where recomputations now restore what it prefetches."""
-        q = hide_transfers(plan_fn, p, schedule, cost, limit, touch)
-        if q is not None and stalls(q) and not behind(q):
-            q = fastest(q, hide_transfers(plan_fn, q, schedule, cost, limit, touch))
-        return fastest(p, q)
-
-    def behind(p):
-        return beat is not None and p.simulation.seconds >= beat
-
-    timed = retimed(plan)
-    if behind(timed):
-        return timed
-    best = timed
-    for share in (1.0, 0.5) if convert else ():
-        # all the stream can carry; where that still stalls for over 1% of the step (the memory
-        # left could not take the prefetches early), the costlier half of them too
-        more = offload_recomputations(plan_fn, timed, schedule, cost, limit, touch, share)
-        if more is None:
-            continue
-        more = retimed(more)
-        best = fastest(best, more)
-        if not stalls(more):
-            break
-    return recompute_stalled(plan_fn, best, schedule, touch, cost) if convert else best
 
 
 def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):

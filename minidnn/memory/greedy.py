@@ -1,0 +1,412 @@
+"""The hybrid greedy: evict at the peak, on the memory curve the lowering will really have.
+
+The curve is kept per schedule step, as the most bytes held during any program
+step the lowering runs for it (its prefetches, the recomputation chain that
+restores what it needs, the step itself, the offloads after it). Evicting a
+tensor for a gap frees its bytes inside the gap; a recomputation also makes
+the closing step run a chain (:func:`program.restore_order`, the lowering's own
+walk), whose values are held on top of what is on the device before it
+(:func:`program.restore_footprint`), and every chain that reads the tensor
+inside the gap now restores it too. So after every decision the curve equals
+``memory_curve(lower(...))`` grouped by schedule step, byte for byte (with the
+lowering's horizon ``keep_within=0`` and copies untimed), and a decision that
+would lift some step to the peak it was meant to lower is not taken: the
+peaks it records never rise.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from ..schedule import aligned
+from .knobs import Knobs
+from .program import Evict, recompute_seconds, restore_footprint, restore_order, workspace_bytes
+
+
+class AutoPolicy:
+    """minidnn's planner: per gap, offload or recompute by predicted cost, greedily at the peak.
+
+    Repeatedly takes the step where the most bytes are live and evicts, among
+    the tensors idle across it, the one that frees the most bytes per second
+    of predicted overhead: an offload costs the part of its two transfers that
+    the compute inside its gap cannot hide; a recomputation costs the chain its
+    lowering runs (greedy.py: the curve it plans against is the lowered
+    program's). Exact placement is checked after; fragmentation tightens the
+    target.
+    ``plan_memory`` then times the copies and turns recomputations into
+    offloads where the copy stream has room left (transfers.py).
+    """
+
+    def __init__(self, recompute=True, offload=True, name="auto", copies_free=False, knobs=Knobs()):
+        self.recompute, self.offload, self.name, self.knobs = recompute, offload, name, knobs
+        self.copies_free = copies_free      # rank offloads as if copies took nothing from compute
+
+    @property
+    def hybrid(self) -> bool:
+        """Free to choose between offloading and recomputing."""
+        return self.offload and self.recompute
+
+    def evictions(self, schedule, limit, cost, touch):
+        return self.choose(schedule, limit, cost, touch, {}, {})[0]
+
+    def choose(self, schedule, limit, cost, touch, options, algos):
+        """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
+        and are traded for smaller workspaces where that costs less than evicting."""
+        return self.chooser(schedule, cost, touch, options, algos)(limit)
+
+    def chooser(self, schedule, cost, touch, options, algos):
+        """``choose`` for one schedule at any number of limits: a function limit -> (evictions,
+        algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
+        so one run of it, continued as lower limits are asked for, answers every limit."""
+        return Greedy(schedule, cost, touch, self.recompute, self.offload, options, algos,
+                      self.copies_free, self.knobs).greedy
+
+
+class Greedy:
+    """Every gap of every arena tensor, with what evicting it frees and costs, and the greedy's state."""
+
+    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
+                 copies_free=False, knobs=Knobs()):
+        self.schedule, self.touch, self.cost, self.knobs = schedule, touch, cost, knobs
+        self.options, self.algos = options or {}, dict(algos or {})
+        steps = self.steps = schedule.steps
+        self.secs = np.array([cost.step_seconds(schedule, s) for s in steps])
+        self.cum = np.concatenate([[0.0], np.cumsum(self.secs)])
+        n = len(steps)
+        tensors = schedule.tensors
+        self.keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+        ids = np.fromiter(touch, np.int64, len(touch))
+        first = np.fromiter((ts[0] for ts in touch.values()), np.int64, len(touch))
+        last = np.fromiter((n - 1 if t in self.keep else ts[-1] for t, ts in touch.items()), np.int64, len(touch))
+        size = schedule.tensor_bytes[ids]
+        diff = np.zeros(n + 2, np.int64)
+        np.add.at(diff, first, size)
+        np.subtract.at(diff, last + 1, size)
+        self.curve = np.cumsum(diff[:n])            # what each step itself holds
+        pre = np.zeros(n + 2, np.int64)             # what is on the device before its restores
+        np.add.at(pre, first + 1, size)
+        np.subtract.at(pre, last + 1, size)
+        for i, a in self.algos.items():           # the chosen algorithms' workspaces, not the defaults'
+            st = steps[i]
+            self.curve[i] += aligned(a.workspace) - (aligned(tensors[st.ws].nbytes) if st.ws is not None else 0)
+        self.producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
+        self.nbytes = schedule.tensor_bytes.tolist()
+        self.writes = defaultdict(list)             # tensor -> the schedule steps that write it
+        for s in steps:
+            for t in s.writes + s.updates:
+                if t in touch:
+                    self.writes[t].append(s.index)
+        last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
+        rows, off_cost, xfer, rc_cost = [], [], [], []
+        # what the two copies take from compute even when the gap hides them
+        shared = 0.0 if copies_free else 2 * (1.0 - cost.copy_overlap)
+        cum, sizes = self.cum.tolist(), self.nbytes   # (faster one by one than arrays)
+        for t, ts in touch.items():
+            nb = sizes[t]
+            for g in range(len(ts) - 1):
+                a, b = ts[g], ts[g + 1]
+                if b - a < 2:
+                    continue
+                x = cost.transfer_seconds(tensors[t].nbytes) if allow_offload else np.inf
+                rc = (recompute_seconds(t, b, touch, self.producer, self.secs)
+                      if allow_recompute and b > last_forward and t in self.producer else np.inf)
+                if math.isinf(x) and math.isinf(rc):
+                    continue
+                rows.append((t, g, a, b, nb))
+                # the copy stream is shared: even a transfer that its gap could hide may delay others
+                off_cost.append(max(0.0, 2 * x - (cum[b] - cum[a + 1])) + (knobs.copy_bias + shared) * x)
+                xfer.append(2 * x)
+                rc_cost.append(rc)
+        self.rows = rows
+        self.A = np.array([r[2] for r in rows], np.int64)
+        self.B = np.array([r[3] for r in rows], np.int64)
+        self.size = np.array([r[4] for r in rows], np.float64)
+        self.off_cost, self.xfer, self.rc_cost = np.array(off_cost), np.array(xfer), np.array(rc_cost)
+        self.taken = np.zeros(len(rows), bool)
+        self.copy_capacity = knobs.copy_capacity * self.cum[-1]   # what copies one iteration hides
+        self.copy_used = 0.0
+        # the greedy's state: the curves as decided so far, the algorithms then, each tensor's
+        # evicted gaps, each step's restore chain (its peak above ``pre``, its seconds, the tensors
+        # its walk asked about, the steps it recomputes), and each decision with the peak before it
+        self.step_live = self.curve.astype(np.float64)
+        self.pre = np.cumsum(pre[:n]).astype(np.float64)
+        self.chain = np.zeros(n)
+        self.chain_secs = np.zeros(n)
+        self.evicted = defaultdict(dict)            # tensor -> {gap: kind}
+        self.asked = defaultdict(set)               # tensor -> steps whose chain walk asked about it
+        self.runs = defaultdict(set)                # schedule step -> steps whose chain recomputes it
+        self.walked = {}                            # step -> (asked, recomputed) of its chain
+        self.current = dict(self.algos)
+        # with nothing evicted every value a step reads is on the device: no step has a chain yet
+        self.live = self.step_live.copy()
+        self.peaks, self.decisions, self.stuck = [], [], False
+
+    # -- the lowering's state at a step, from the decisions -------------------------------------
+    def present(self, u, c) -> bool:
+        """Whether ``u`` is on the device when step ``c``'s restores begin (after its prefetches)."""
+        ts = self.touch[u]
+        if c <= ts[0] or (c > ts[-1] and u not in self.keep):
+            return False
+        k = bisect.bisect_left(ts, c)
+        if k == len(ts):
+            return True                             # kept to the end
+        kind = self.evicted[u].get(k - 1) if u in self.evicted else None
+        return kind is None or (ts[k] == c and kind == "offload")
+
+    def on_host(self, u, c) -> bool:
+        """Whether the host store holds an up-to-date copy of ``u`` before step ``c``."""
+        gaps = self.evicted.get(u)
+        if not gaps:
+            return False
+        ts = self.touch[u]
+        a = max((ts[g] for g, kind in gaps.items() if kind == "offload" and ts[g] < c), default=None)
+        if a is None:
+            return False
+        w = self.writes.get(u, ())
+        i = bisect.bisect_right(w, a)
+        return i == len(w) or w[i] >= c
+
+    def walk(self, c):
+        """(peak bytes above ``pre[c]``, seconds it delays the step, tensors asked about, steps
+        recomputed) of the chain that the lowering runs before step ``c``; (inf, inf, ...) where it
+        cannot restore."""
+        s = self.steps[c]
+        touched = self.touch.by_step[c]
+        asked = set(touched)
+        missing = [t for t in touched if not self.present(t, c) and t not in s.writes and t != s.ws]
+        if not missing:
+            return 0.0, 0.0, asked, ()
+        needed = set(touched)
+
+        def present(u):
+            asked.add(u)
+            return self.present(u, c)
+
+        def on_host(u):
+            asked.add(u)
+            return self.on_host(u, c)
+
+        def droppable(u):
+            return u not in needed
+
+        try:
+            order = restore_order(missing, needed, present, on_host, self.producer, self.schedule.tensors,
+                                  droppable)
+        except ValueError:
+            return math.inf, math.inf, asked, ()
+        tensors, algos = self.schedule.tensors, self.current
+        peak, secs = restore_footprint(order, present, droppable, self.nbytes,
+                                       lambda st: aligned(workspace_bytes(st, algos, tensors)), self.secs)
+        # a chain's prefetch is issued just before the chain: the step waits for all of it
+        secs += self.knobs.chain_copy_share * sum(self.cost.transfer_seconds(tensors[w].nbytes)
+                                                  for k, w in order if k == "prefetch")
+        return float(peak), secs, asked, tuple({w.index for k, w in order if k != "prefetch"})
+
+    def _rewalk(self, c):
+        """Walk step ``c``'s chain again and index what it depends on."""
+        self._index(c, self.walk(c))
+
+    def _index(self, c, walk):
+        """Take ``walk`` as step ``c``'s chain and index what it depends on."""
+        peak, secs, asked, runs = walk
+        old = self.walked.get(c)
+        if old is not None:
+            for u in old[0]:
+                self.asked[u].discard(c)
+            for i in old[1]:
+                self.runs[i].discard(c)
+        if not runs and len(asked) == len(self.touch.by_step[c]):
+            self.walked.pop(c, None)                # nothing to index beyond what it touches
+            asked = ()
+        else:
+            self.walked[c] = (asked, runs)
+        for u in asked:
+            self.asked[u].add(c)
+        for i in runs:
+            self.runs[i].add(c)
+        self.chain[c], self.chain_secs[c] = peak, secs
+
+    # -- the greedy -------------------------------------------------------------------------------
+    def _costs(self, rows):
+        """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed."""
+        xfer = self.xfer[rows]
+        over = self.copy_used + xfer > self.copy_capacity
+        off = np.where(over, xfer, self.off_cost[rows])   # beyond capacity a copy is exposed
+        rc = self.rc_cost[rows]
+        return np.minimum(off, rc), off <= rc
+
+    def greedy(self, limit):
+        """(evictions {(t, gap): Evict}, algorithms) whose lowering stays within ``limit``, or
+        (None, None). Evicts greedily at the peak; the decisions are recorded, so a higher limit
+        than one asked before is answered by a prefix of them and a lower one by continuing from
+        where the last stopped."""
+        peaks, steps = self.peaks, self.decisions
+        k = next((i for i, p in enumerate(peaks) if p <= limit), None)
+        while k is None:
+            s = int(np.argmax(self.live))
+            peak = self.live[s]
+            if peak <= limit:
+                k = len(steps)
+                break
+            decision = None if self.stuck else self._decide(s, peak)
+            if decision is None:
+                self.stuck = True
+                break
+            peaks.append(peak)
+            steps.append(decision)
+        if k is None:
+            return None, None
+        chosen, algos = {}, dict(self.algos)
+        for d in steps[:k]:
+            if d[0] == "algo":
+                algos[d[1]] = d[2]
+            else:
+                chosen[d[1]] = d[2]
+        return chosen, algos
+
+    def _decide(self, s, peak):
+        """Take the cheapest way to lower the curve at its peak, step ``s``: an eviction or a smaller
+        workspace whose lowering lifts no step to the peak. The decision, or None if none is left.
+
+        Candidates are ranked by their estimated seconds per byte; the first few that fit are
+        costed exactly (the chains their lowering changes, walked again) and the cheapest of those
+        is taken: a recomputation whose chain must restore inputs dropped since is dearer than
+        its first estimate, and the estimate is kept for the next decisions."""
+        idle = np.flatnonzero((self.A < s) & (self.B > s) & ~self.taken)   # the rows that can lower it
+        if len(idle):
+            cost, is_off = self._costs(idle)
+            ratio = (cost + 1e-9) / self.size[idle]
+        else:
+            ratio = is_off = np.array([])
+        swap = self._cheaper_algorithm(s) if self.step_live[s] >= peak else None
+        best, exact = None, 0
+        for j in _cheapest_first(ratio):
+            if best is not None and (ratio[j] >= best[0] or exact >= self.knobs.exact_candidates):
+                break
+            if swap is not None and swap[0] <= ratio[j]:
+                break
+            k = int(idle[j])
+            t = self.rows[k][0]
+            if s in self.asked.get(t, ()):
+                continue                            # the chain at s would restore it: no gain there
+            fits = False
+            for kind in ("offload", "recompute"):
+                base = self.off_cost[k] if kind == "offload" else 0.0
+                if (self.xfer[k] if kind == "offload" else self.rc_cost[k]) == math.inf:
+                    continue
+                trial = self._trial(k, kind, peak)
+                if trial is None:
+                    continue
+                fits = True
+                seconds = base + trial[0]
+                if kind == "offload" and self.copy_used + self.xfer[k] > self.copy_capacity:
+                    seconds += self.xfer[k] - base
+                if kind == "recompute":
+                    self.rc_cost[k] = trial[0]
+                r = (seconds + 1e-9) / self.size[k]
+                if best is None or r < best[0]:
+                    best = (r, k, kind, trial)
+            exact += 1
+            if not fits:
+                self.taken[k] = True                # either way lifts a step to the peak: never
+        if swap is not None and (best is None or swap[0] <= best[0]):
+            _, freed, algo = swap
+            self.current[s] = algo
+            self.step_live[s] -= freed
+            for c in list(self.runs.get(s, ())):
+                self._rewalk(c)
+                self._relive(c, c + 1)
+            self._relive(s, s + 1)
+            return ("algo", s, algo)
+        if best is None:
+            return None
+        _, k, kind, trial = best
+        self._commit(k, kind, trial[1])
+        return ("evict", (self.rows[k][0], self.rows[k][1]), Evict(kind))
+
+    def _relive(self, lo, hi):
+        self.live[lo:hi] = np.maximum(self.step_live[lo:hi], self.pre[lo:hi] + self.chain[lo:hi])
+
+    def _trial(self, k, kind, peak):
+        """(the seconds the chains add, their new walks) of evicting row ``k`` by ``kind``, or None
+        where a chain it changes would then hold the peak or more."""
+        t, g, a, b, size = self.rows[k]
+        self.evicted[t][g] = kind
+        again = {c for c in self.asked.get(t, ()) if c > a}
+        if kind == "recompute":
+            again.add(b)
+        walks = {c: self.walk(c) for c in again}
+        del self.evicted[t][g]
+        if not self.evicted[t]:
+            del self.evicted[t]
+        added = 0.0
+        for c, (chain, secs, *_) in walks.items():
+            drop = size if a < c < b or (c == b and kind == "recompute") else 0
+            inside = size if a < c < b else 0
+            value = max(self.step_live[c] - inside, self.pre[c] - drop + chain)
+            if value >= peak and value > self.live[c]:
+                return None
+            added += secs - self.chain_secs[c]
+        return added, walks
+
+    def _commit(self, k, kind, walks):
+        """Evict row ``k`` by ``kind``, its changed chains walked already (``walks``)."""
+        t, g, a, b, size = self.rows[k]
+        self.evicted[t][g] = kind
+        self.taken[k] = True
+        if kind == "offload":
+            self.copy_used += self.xfer[k]
+        self.step_live[a + 1:b] -= size
+        self.pre[a + 1:b] -= size
+        if kind == "recompute":
+            self.pre[b] -= size
+        for c, walk in walks.items():
+            self._index(c, walk)
+        self._relive(a + 1, b + 1)
+        for c in walks:
+            self._relive(c, c + 1)
+
+    def _cheaper_algorithm(self, s):
+        """(seconds lost per byte freed, bytes freed, Algo) of the best smaller-workspace algorithm at step s."""
+        opts = self.options.get(s)
+        if not opts:
+            return None
+        cur = self.current.get(s, opts[0][1])
+        t_cur = next(t for t, a in opts if a == cur)
+        best = None
+        for t, a in opts:
+            freed = aligned(cur.workspace) - aligned(a.workspace)
+            if freed > 0:
+                r = (max(t - t_cur, 0.0) + 1e-9) / freed
+                if best is None or r < best[0]:
+                    best = (r, freed, a)
+        return best
+
+    def predicted_curve(self) -> np.ndarray:
+        """The most arena bytes held during each schedule step, as the decisions so far lower."""
+        return self.live.astype(np.int64)
+
+    def all(self):
+        """Every gap evicted, each by its cheaper way (offload where it cannot be recomputed)."""
+        everything = np.ones(len(self.rows), bool)
+        _, is_off = self._costs(everything)
+        return {(r[0], r[1]): Evict("offload" if o else "recompute") for r, o in zip(self.rows, is_off)}
+
+
+def _cheapest_first(ratio, head=16):
+    """Indices of ``ratio`` by increasing value: the few smallest sorted first, the rest after
+    (the first is nearly always taken; sorting every candidate for each decision would dominate)."""
+    n = len(ratio)
+    if n <= head:
+        yield from np.argsort(ratio, kind="stable").tolist()
+        return
+    top = np.argpartition(ratio, head)[:head]
+    top = top[np.argsort(ratio[top], kind="stable")]
+    yield from top.tolist()
+    rest = np.ones(n, bool)
+    rest[top] = False
+    others = np.flatnonzero(rest)
+    yield from others[np.argsort(ratio[others], kind="stable")].tolist()

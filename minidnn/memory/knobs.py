@@ -1,0 +1,46 @@
+"""Every threshold of the planner's search, in one place, each with the measurement behind it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The search's thresholds (``plan_memory(..., knobs=Knobs(...))`` to try others).
+
+    Figures are planning-only (``scripts/bench_memory.py``) unless said otherwise.
+    """
+
+    # Greedy: candidates costed exactly per decision (their changed chains walked again). 1 is the
+    # estimate alone; 16 took ResNet-152 b256 @ 12 GiB on v100 from +15.9% to +9.7% and ResNet-50
+    # b256 @ 25% on h100 from +13.2% to +10.9%; the walks stay under a second on ResNet-1001.
+    exact_candidates: int = 16
+    # Greedy: the share of a chain's prefetch time charged to the decision that makes the chain
+    # prefetch (issued just before the chain, the step waits for it unless the copy timing moves it).
+    chain_copy_share: float = 1.0
+    # Greedy: the share of a copy's time charged even where its gap hides it (the copy stream is
+    # shared by every offload: the Capuchin-style bias towards recomputing cheap layers).
+    copy_bias: float = 0.25
+    # Greedy: the copy time one iteration can hide, as a share of its compute; beyond it a copy is
+    # charged in full.
+    copy_capacity: float = 0.9
+    # Target search: rounds of lowering the greedy's target (overshoot, then bisection).
+    fit_rounds: int = 8
+    # Horizon search (program.lower's keep_within) starts here and doubles while it gets faster;
+    # it runs where a plan has over ``rechain`` recompute steps per recomputed value (below that,
+    # searching costs a deep network's planning more time than its plan gains).
+    horizon: int = 16
+    rechain: float = 3.0
+    # sqrt(n) segments are a seed where their first lowering has at most this many recompute steps
+    # per schedule step (CheckpointSqrt.rework): VGG-16, ResNet-50/101/152, GoogLeNet and
+    # DenseNet-121 have 1.1-3.4, a 1001-layer ResNet 10 (3.2 million steps: a minute to lower).
+    sqrt_rework: float = 6.0
+    # ... and where the best plan so far is over this share slower than the unlimited step: the
+    # segments recompute about one forward (a third of a step), so they do not beat a plan within
+    # a tenth (on the benchmark they never did; planning them costs ResNet-152 b256 seconds).
+    segments_over: float = 0.1
+    # Recompute-only and the papers' policies are seeds of ``auto`` for schedules of at most this
+    # many steps: each
+    # costs a lowering and a replay (0.3 s apiece on ResNet-1001's 10040 steps, whose plan must
+    # take at most 2 s; ResNet-152's 2,000 steps take 0.05 s).
+    baseline_seed_steps: int = 5000

@@ -1,0 +1,98 @@
+"""The repairs a seed's plan goes through, in order: small objects with ``applies`` and ``apply``.
+
+Each repair sees the seed's best plan so far and a :class:`Step` of the search
+(the problem, whether the seed may trade copies for recomputations, and the
+time a plan found already sets); ``apply`` returns a candidate, or None. The
+search considers every candidate and logs it (search.py). The copy timing and
+the trades between copying and recomputing are transfers.py's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .transfers import fastest, hide_transfers, offload_recomputations, recompute_stalled, stalls
+
+
+@dataclass
+class Step:
+    """What a repair may read: the problem, whether the seed is free to choose between copying
+    and recomputing (``convert``), and the best time found before this seed (``beat``; None:
+    nothing to beat)."""
+
+    problem: object
+    convert: bool
+    beat: float = None
+    stalled: bool = True      # whether the last offload trade still stalled (or found nothing)
+
+    def plan_fn(self, plan):
+        """Decisions -> the placed plan, replayed only where it fits, with ``plan``'s algorithms."""
+        p = self.problem
+        return lambda ev: p.build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=p.limit)
+
+    def behind(self, plan) -> bool:
+        return self.beat is not None and plan.simulation.seconds >= self.beat
+
+
+def _retimed(step, plan):
+    """``plan`` with its copies retimed; where that still stalls (and may yet win), retimed once
+    more from the retimed plan, whose lowering shows where recomputations restore what it prefetches."""
+    p, fn = step.problem, step.plan_fn(plan)
+    q = hide_transfers(fn, plan, p.schedule, p.cost, p.limit, p.touch)
+    if q is not None and stalls(q) and not step.behind(q):
+        q = fastest(q, hide_transfers(fn, q, p.schedule, p.cost, p.limit, p.touch))
+    return q
+
+
+class RetimeCopies:
+    name, why = "timed copies", "copies held and prefetched to overlap compute"
+    start = "best"            # the seed's plan a repair starts from: its best so far, or its timed plan
+
+    def applies(self, plan, step) -> bool:
+        return any(ev.kind == "offload" for ev in plan.evictions.values())
+
+    def apply(self, plan, step):
+        return _retimed(step, plan)
+
+
+class OffloadRecomputations:
+    """Recomputations offloaded where the copy stream has room beside the plan's own copies
+    (``share``: that fraction of them, the costliest), retimed. Tried where the seed may convert,
+    the plan is still ahead of the best found before, and (for a share below one) it stalls."""
+
+    start = "timed"           # both shares trade on the timed plan's stream
+
+    def __init__(self, share):
+        self.share = share
+        self.name = f"recomputations offloaded ({share:.0%})"
+        self.why = "the copy stream has room left during the forward"
+
+    def applies(self, plan, step) -> bool:
+        # the costlier half only where all of them still stalled (or did not fit)
+        return (step.convert and not step.behind(plan) and (self.share == 1 or step.stalled)
+                and any(ev.kind == "recompute" for ev in plan.evictions.values()))
+
+    def apply(self, plan, step):
+        p = step.problem
+        more = offload_recomputations(step.plan_fn(plan), plan, p.schedule, p.cost, p.limit, p.touch, self.share)
+        if more is None:
+            return None
+        more = fastest(more, _retimed(step, more))
+        step.stalled = stalls(more)
+        return more
+
+
+class RecomputeStalled:
+    name, why = "stalled copies recomputed", "the compute waits for these copies longer than a recomputation takes"
+    start = "best"
+
+    def applies(self, plan, step) -> bool:
+        return step.convert and not step.behind(plan) and any(ev.kind == "offload" for ev in plan.evictions.values())
+
+    def apply(self, plan, step):
+        p = step.problem
+        out = recompute_stalled(step.plan_fn(plan), plan, p.schedule, p.touch, p.cost)
+        return None if out is plan else out
+
+
+# the order matters: copies are timed first (the trades read the timed plan's stream)
+REPAIRS = (RetimeCopies(), OffloadRecomputations(1.0), OffloadRecomputations(0.5), RecomputeStalled())

@@ -1,0 +1,248 @@
+"""The planner's search: seeds and repairs over one problem, every trial logged.
+
+A :class:`Problem` is what is fixed while planning one schedule under one
+budget (the schedule, the cost model, the touches, the arena limit, the
+algorithm options and the fastest algorithms, and a ``build`` that lowers,
+places and replays decisions into a Plan). A :class:`Search` plans each seed
+(a policy's chooser, searched over targets until its placed plan fits), runs
+the explicit list of repairs on it (repairs.py: time its copies, trade copies
+and recomputations), and ``consider``s every candidate: one is
+kept only if it fits and is predicted faster than the best so far. Each trial
+is logged with what was tried, why, its bytes and seconds, and whether it was
+kept; the plan that wins carries the log, and its summary says why it won.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .baselines import CheckpointSqrt
+from .greedy import AutoPolicy
+from .knobs import Knobs
+from .policies import BASELINES, get_policy
+from .program import lower
+from .simulator import memory_curve, simulate
+from .repairs import REPAIRS, RetimeCopies, Step
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One line of the search log."""
+
+    what: str                 # the seed or repair tried
+    why: str                  # what it is for
+    bytes: int = None         # the candidate's arena bytes (None: no candidate)
+    seconds: float = None     # its predicted step time
+    kept: bool = False        # whether it became the best plan
+
+    def __str__(self):
+        got = (f"{self.bytes / 2**30:.2f} GiB, {self.seconds * 1e3:.1f} ms" if self.bytes is not None
+               else "no plan")
+        return f"{'kept' if self.kept else 'tried'} {self.what} ({self.why}): {got}"
+
+
+@dataclass
+class Problem:
+    """What is fixed while planning: schedule, cost model, touches, arena limit, algorithm options,
+    the fastest algorithms, ``build(evictions, algos, program, simulation, keep_within,
+    arena_limit) -> Plan`` and the unlimited step's predicted seconds."""
+
+    schedule: object
+    cost: object
+    touch: dict
+    limit: int
+    options: dict
+    fastest: dict
+    build: object
+    baseline_seconds: float
+    knobs: Knobs = field(default_factory=Knobs)
+
+    def chooser(self, policy):
+        return policy.chooser(self.schedule, self.cost, self.touch, self.options, self.fastest)
+
+
+def seeds(policy, problem):
+    """(name, why, chooser, convert, prune) of every seed for ``policy``: the policy alone, or
+    for the hybrid ``auto`` also swap-only, the copies-free ranking, Chen's sqrt(n) segments and,
+    on schedules of at most ``knobs.baseline_seed_steps`` steps, recompute-only and the papers'
+    policies, so that ``auto`` is at or below each of them by construction."""
+    if not (isinstance(policy, AutoPolicy) and policy.hybrid):
+        return [(policy.name, "the policy asked for", problem.chooser(policy), False, True)]
+    sched, knobs = problem.schedule, problem.knobs
+    k = knobs
+    greedy = AutoPolicy(name=policy.name, knobs=k)
+    out = [("greedy", "offload or recompute at the peak, by predicted cost", problem.chooser(greedy), True, True),
+           ("swap-only", "every eviction a copy", problem.chooser(AutoPolicy(recompute=False, knobs=k)), False,
+            True)]
+    if problem.cost.copy_overlap < 1:
+        out.append(("copies-free", "copies ranked as if they took nothing from compute",
+                    problem.chooser(AutoPolicy(copies_free=True, knobs=k)), True, True))
+    sqrt = CheckpointSqrt()
+    if sqrt.rework(sched, problem.touch) <= knobs.sqrt_rework:
+        segments = None
+
+        def sqrt_chooser(target):        # the same segments for every target: computed once
+            nonlocal segments
+            if segments is None:
+                segments = sqrt.evictions(sched, math.inf, problem.cost, problem.touch, problem.fastest) or {}
+            return (segments or None), problem.fastest
+        out.append(("checkpoint_sqrt", "Chen et al.'s sqrt(n) segments, then copies where the stream has room",
+                    sqrt_chooser, True, False))   # (not pruned: the horizon search removes their rework)
+    if len(sched.steps) <= knobs.baseline_seed_steps:
+        hidden = dataclasses.replace(k, chain_copy_share=0.0)
+        out[1:1] = [("greedy, chain copies hidden", "a chain's prefetches charged nothing (the copy timing "
+                     "may issue them early)", problem.chooser(AutoPolicy(name=policy.name, knobs=hidden)), True, False),
+                    ("recompute-only", "every eviction a recomputation",
+                     problem.chooser(AutoPolicy(offload=False, knobs=k)), False, True)]
+        # not pruned: their copies are timed by the repairs, which is where they can win
+        out += [(name, "a paper's policy as a seed", problem.chooser(get_policy(name)), False, False)
+                for name in BASELINES]
+    return out
+
+
+class Search:
+    """The search over one :class:`Problem`: ``run(policy)`` plans every seed and keeps the fastest
+    plan that fits; ``log`` holds every trial."""
+
+    def __init__(self, problem):
+        self.p = problem
+        self.best = None          # the fastest plan that fits
+        self.beat = None          # the fastest seed plan before its copies were timed
+        self.log = []
+        self.memo = {}            # lowerings by decisions
+
+    def consider(self, plan, what, why) -> bool:
+        """Keep ``plan`` if it fits and is predicted faster than the best; log it either way."""
+        fits = plan is not None and plan.arena_bytes <= self.p.limit
+        kept = fits and (self.best is None or plan.simulation.seconds < self.best.simulation.seconds)
+        self.log.append(Trial(what, why, plan.arena_bytes if plan is not None else None,
+                              plan.simulation.seconds if plan is not None and plan.simulation else None, kept))
+        if kept:
+            self.best = plan
+        return kept
+
+    def run(self, policy):
+        for name, why, choose, convert, prune in seeds(policy, self.p):
+            if name == "checkpoint_sqrt" and not self.worth_segments():
+                self.log.append(Trial(name, "not tried: the best plan is within one extra forward's share"))
+                continue
+            self.seed(name, why, choose, convert, prune)
+        return self.best
+
+    def worth_segments(self) -> bool:
+        """Whether sqrt(n) segments may beat the best plan: they recompute about one forward (a
+        third of a step), so not a plan within ``knobs.segments_over`` of the unlimited step."""
+        base = self.p.baseline_seconds
+        return self.best is None or self.best.simulation.seconds > (1 + self.p.knobs.segments_over) * base
+
+    def seed(self, name, why, choose, convert, prune):
+        """Plan one seed: its target searched until it fits, a horizon for its chains where it
+        recomputes them again and again, then its copies timed."""
+        plan = self.fit(choose, beat=self.beat if prune else None)
+        if plan is not None and self.rechains(plan):
+            plan = self.keep_chains(choose, plan)
+        if plan is None:
+            self.log.append(Trial(name, why + (": nothing that fits" if not prune or self.beat is None
+                                               else ": nothing that fits and may be faster")))
+            return
+        self.beat = min(self.beat or math.inf, plan.simulation.seconds)
+        # what the repairs must beat (an unpruned seed is refined in full)
+        prior = self.best.simulation.seconds if self.best is not None and prune else None
+        self.consider(plan, name, why)
+        step = Step(self.p, convert, prior)
+        start = {"best": plan, "timed": plan}    # the seed's best so far, and its timed plan
+        for repair in REPAIRS:
+            base = start[repair.start]
+            if not repair.applies(base, step):
+                continue
+            out = repair.apply(base, step)
+            if out is None:
+                self.log.append(Trial(f"{name} + {repair.name}", repair.why + ": nothing that fits"))
+                continue
+            self.consider(out, f"{name} + {repair.name}", repair.why)
+            if out.arena_bytes <= self.p.limit and out.simulation.seconds < start["best"].simulation.seconds:
+                start["best"] = out
+            if isinstance(repair, RetimeCopies):
+                start["timed"] = start["best"]
+
+    def rechains(self, plan) -> bool:
+        """Whether the plan's recomputations mostly recompute chains of dropped inputs again and again."""
+        chosen = sum(ev.kind == "recompute" for ev in plan.evictions.values())
+        return chosen > 0 and sum(s.kind == "recompute" for s in plan.program.steps) > self.p.knobs.rechain * chosen
+
+    def keep_chains(self, choose, best):
+        """The fastest of ``best`` and plans whose lowering keeps recomputed chain inputs for their
+        next use within a horizon, doubled while that keeps getting faster: a longer horizon
+        recomputes less but holds more, so at some point the policy must evict more to fit."""
+        horizon = self.p.knobs.horizon
+        while horizon < len(self.p.schedule.steps):
+            plan = self.fit(choose, keep_within=horizon, beat=best.simulation.seconds)
+            if plan is None or plan.simulation.seconds >= best.simulation.seconds:
+                break
+            best, horizon = plan, 2 * horizon
+        return best
+
+    def fit(self, choose, beat=None, keep_within=0):
+        """The fastest plan found whose exact placement fits the limit, or None.
+
+        ``choose``: target -> (evictions, algorithms). The greedy's lowered program
+        (horizon 0) stays within its target (greedy.py); placement (fragmentation),
+        a longer horizon, or a baseline's own rule add on top, which is known only
+        afterwards. So the target is searched: lowered by at least the overshoot
+        until a plan fits, then bisected between the highest target that fit and
+        the lowest that did not.
+
+        With ``beat`` (the step time of a plan found already), a search in which no
+        plan has fit yet ends at an attempt predicted to take ``beat`` or longer
+        (the simulation does not depend on placement, so it is not placed): a
+        lower target is a longer prefix of the same greedy decisions, so it is
+        rarely faster.
+        """
+        p, memo, limit = self.p, self.memo, self.p.limit
+        best = None
+
+        def attempt(target):
+            ev, chosen = choose(target)
+            if ev is None:
+                return None, None
+            key = (frozenset(ev.items()), frozenset(chosen.items()), keep_within)
+            if key not in memo:                  # (a fixed rule answers every target alike)
+                program = lower(p.schedule, ev, p.touch, chosen, keep_within)
+                memo[key] = [program, int(memory_curve(program).max(initial=0)), None, None]
+            entry = memo[key]
+            program, live, sim, plan = entry
+            if live > limit:                     # only a candidate that can fit is worth placing
+                return None, live
+            if sim is None:
+                sim = entry[2] = simulate(program, p.schedule, p.cost, algos=chosen)
+            if beat is not None and best is None and sim.seconds >= beat:
+                return None, None                # cannot win, nor (nearly always) can a lower target
+            if plan is None:
+                plan = entry[3] = p.build(ev, chosen, program, sim, keep_within)
+            return (plan, None) if plan.arena_bytes <= limit else (None, plan.arena_bytes)
+
+        step = max(limit // 64, 1)
+        fit = miss = None                        # highest target that fit, lowest that did not
+        target = limit
+        for _ in range(p.knobs.fit_rounds):
+            plan, need = attempt(target)
+            if plan is not None:
+                fit = target
+                if best is None or plan.simulation.seconds < best.simulation.seconds:
+                    best = plan
+            elif need is None:                   # the policy cannot go this low
+                if best is None:
+                    return None
+                miss = target
+            else:
+                miss = target
+            if best is None:
+                target -= max(need - limit, step)
+                if target <= 0:
+                    return None
+            elif miss is None or miss - fit <= step:
+                break
+            else:
+                target = (fit + miss) // 2
+        return best
