@@ -128,8 +128,8 @@ def test_the_budget_holds_with_ranks(plans, schedule):
         assert max(pred.simulation.memory) == max(plan.simulation.memory)
         sizes = pred.program.tensor_bytes
         for i in range(len(pred.program.steps)):     # no two buffers live at one step share a byte
-            live = sorted((r.offset, r.offset + int(sizes[r.tensor])) for r in pred.program.residencies
-                          if r.start <= i <= r.end)
+            live = sorted((off, off + int(sizes[r.tensor])) for r, off in zip(pred.program.residencies,
+                                                                             plan.offsets) if r.start <= i <= r.end)
             assert all(end <= start for (_, end), (start, _) in zip(live, live[1:]))
 
 

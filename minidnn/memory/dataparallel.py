@@ -117,16 +117,16 @@ def predict(plan, buckets, system, ranks, cost=None) -> Prediction:
         plan = plan.sub
     else:
         persistent = plan.persistent_bytes
-    program = with_reductions(plan.program, buckets)
+    program = with_reductions(plan.program, plan.offsets, buckets)
     sim = simulate(program, plan.schedule, cost, algos=plan.algos, comm=comm)
     sizes = program.tensor_bytes
-    arena = max((r.offset + int(sizes[r.tensor]) for r in program.residencies), default=0)
+    arena = max((off + int(sizes[r.tensor]) for r, off in zip(program.residencies, plan.offsets)), default=0)
     nbytes = [sum(program.tensors[t].nbytes for t in b) for b in buckets]
     return Prediction(ranks, link, plan.simulation, sim, program, [list(b) for b in buckets], nbytes,
                       persistent + arena, plan.budget, extra)
 
 
-def with_reductions(program, buckets, reorder=True) -> Program:
+def with_reductions(program, offsets, buckets, reorder=True) -> Program:
     """``program`` with a ``reduce`` step per gradient bucket (a list of gradient tensor ids;
     ``buckets`` in the order they are reduced), each right after the step that writes its last
     gradient: the communication stream's steps, for the simulator and the executor. The optimizer
@@ -135,7 +135,7 @@ def with_reductions(program, buckets, reorder=True) -> Program:
     and the first ones run while later buckets are still being reduced.
 
     A reduction is in place on its bucket, which the persistent region holds (the gradients are
-    views of it), so it adds no arena buffer: the residencies and their offsets are those of
+    views of it), so it adds no arena buffer: the residencies (and so ``offsets``, by residency index) are those of
     ``program``, renumbered (an update's scratch buffer moves with it; where its place in the arena
     is not free at its new step, as a buffer whose free was delayed into the updates may hold it,
     the updates keep their order: ``reorder=False``). With sub-batches, the program of the last one
@@ -175,21 +175,24 @@ def with_reductions(program, buckets, reorder=True) -> Program:
                               outs=bucket))
             origin.append(-1)
     res = [Residency(r.tensor, moved.get(r.tensor, at[r.start]), moved.get(r.tensor, at[r.end]), r.origin,
-                     r.offset, None if r.wait_offload is None else at[r.wait_offload], r.delay)
+                     None if r.wait_offload is None else at[r.wait_offload], r.delay)
            for r in program.residencies]
-    if moved and _collides([r for r in res if r.tensor in moved], res, program.tensor_bytes):
-        return with_reductions(program, buckets, reorder=False)
+    if moved and _collides([k for k, r in enumerate(res) if r.tensor in moved], res, offsets, program.tensor_bytes):
+        return with_reductions(program, offsets, buckets, reorder=False)
     return Program(steps, program.tensors, res, dict(program.host_slots), program.host_bytes, origin,
                    program.tensor_bytes)
 
 
-def _collides(moved, residencies, nbytes) -> bool:
-    """Whether a residency of ``moved`` shares bytes of the arena with another live at its step."""
-    lo, hi = min(r.start for r in moved), max(r.end for r in moved)
-    near = [r for r in residencies if r.start <= hi and r.end >= lo]
-    for m in moved:
-        a, b = m.offset, m.offset + int(nbytes[m.tensor])
-        for r in near:
-            if r is not m and r.start <= m.start <= r.end and r.offset < b and a < r.offset + int(nbytes[r.tensor]):
+def _collides(moved, residencies, offsets, nbytes) -> bool:
+    """Whether a residency of ``moved`` (indices) shares bytes of the arena (``offsets``, by residency
+    index) with another live at its step."""
+    lo, hi = min(residencies[k].start for k in moved), max(residencies[k].end for k in moved)
+    near = [j for j, r in enumerate(residencies) if r.start <= hi and r.end >= lo]
+    for k in moved:
+        m = residencies[k]
+        a, b = offsets[k], offsets[k] + int(nbytes[m.tensor])
+        for j in near:
+            r = residencies[j]
+            if j != k and r.start <= m.start <= r.end and offsets[j] < b and a < offsets[j] + int(nbytes[r.tensor]):
                 return True
     return False
