@@ -1,17 +1,7 @@
 """Property tests over random DAGs of ops: the plan is sound, the executor measures what the plan
 predicts, and loss and gradients equal an independent NumPy (float64) evaluation of the same DAG.
 
-A DAG is a list of nodes over a (2, 4, 6, 6) input (node 0); node k reads earlier nodes:
-
-    ("conv", i)      3x3 convolution, 4 -> 4 channels, padding 1, with bias
-    ("relu", i)
-    ("add", i, j)
-    ("cat", i, j)    channel concatenation, then a 1x1 convolution 8 -> 4 channels
-    ("bn", i)        BatchNorm2d(4), training mode
-    ("pool", i)      MaxPool2d(3, stride=1, padding=1)
-
-then flatten, Linear(144, 3) and cross-entropy on the last node. Nodes that do not
-reach the last one are dead code: they run forward but get no gradient.
+The DAGs are models/random_dag.py's (its docstring lists the ops).
 """
 
 import numpy as np
