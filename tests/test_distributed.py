@@ -102,9 +102,11 @@ def test_a_configuration_that_differs_is_refused_naming_it(tmp_path):
     assert "rank 1's global batch differs from rank 0's: [8, 3, 8, 8] != [6, 3, 8, 8]" in r.stderr
 
 
-def _wait_for(path, timeout=TIMEOUT):
+def _wait_for(path, proc, log, timeout=TIMEOUT):
+    """The text of ``path`` once ``proc`` has written it; fails at once if ``proc`` ended first."""
     t0 = time.monotonic()
     while not os.path.exists(path) or not open(path).read().strip():
+        assert proc.poll() is None, f"the run ended before writing {path}:\n{open(log).read()[-3000:]}"
         assert time.monotonic() - t0 < timeout, f"{path} never appeared"
         time.sleep(0.2)
     return open(path).read().strip()
@@ -115,7 +117,7 @@ def _long_run(tmp_path, *extra):
     log = open(tmp_path / "log", "w")
     proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, WORKER, "--out", str(out), "--steps", "1000000",
                              "--timeout", "10", *extra], stdout=log, stderr=subprocess.STDOUT, env=_env())
-    _wait_for(f"{out}.steps")
+    _wait_for(f"{out}.steps", proc, tmp_path / "log")
     return proc, out, tmp_path / "log"
 
 
@@ -136,8 +138,8 @@ def test_kill_9_of_a_rank_ends_the_others_naming_it(tmp_path):
     with open(log_path, "w") as log:
         proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "minidnn.cli", "train", "--model", "lenet5",
                                  "--epochs", "1000", "--batch-size", "16", "--out", str(ckpt), "--no-progress"],
-                                stdout=log, stderr=subprocess.STDOUT, env=_env())
-    _wait_for(ckpt / "steps.jsonl")
+                                stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path)
+    _wait_for(ckpt / "steps.jsonl", proc, log_path)
     line = next(ln for ln in open(log_path) if "data-parallel over 2 ranks" in ln)
     pid = int(line.split("rank 1: pid ")[1].split()[0])
     os.kill(pid, signal.SIGKILL)
@@ -148,7 +150,7 @@ def test_kill_9_of_a_rank_ends_the_others_naming_it(tmp_path):
 
 def test_a_stopped_rank_is_named_within_the_timeout(tmp_path):
     proc, out, log = _long_run(tmp_path)
-    os.kill(int(_wait_for(f"{out}.rank2.pid")), signal.SIGSTOP)
+    os.kill(int(_wait_for(f"{out}.rank2.pid", proc, log)), signal.SIGSTOP)
     text, seconds = _ended(proc, log)
     assert "rank 2 stopped responding" in text, text[-2000:]
 
@@ -185,7 +187,8 @@ def _train(n, out, *extra):
     cmd = ([MPIEXEC, "-n", str(n)] if n > 1 else []) + [
         sys.executable, "-m", "minidnn.cli", "train", "--model", "lenet5", "--batch-size", "32", "--no-progress",
         "--augment", "crop", "--out", str(out), *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+    # not from the source tree: -m would import its minidnn rather than the installed one
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=os.path.dirname(out))
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
