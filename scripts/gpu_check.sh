@@ -23,7 +23,8 @@ report="$out/gpu_check.txt"
 } | tee -a "$report"
 timeout 270 python -m pytest -q --maxfail=20 -p no:cacheprovider -rfs tests/test_cuda_backend.py \
     tests/test_ops.py tests/test_executor.py tests/test_memory_budget.py tests/test_subbatch.py \
-    tests/test_torch_agreement.py tests/test_fused_recompute.py -k "cuda or test_cuda_backend" 2>&1 | tail -60 | tee -a "$report"
+    tests/test_torch_agreement.py tests/test_fused_recompute.py tests/test_adaptive_pool.py \
+    tests/test_atomic_step.py -k "cuda or test_cuda_backend" 2>&1 | tail -60 | tee -a "$report"
 echo "tests exit status: ${PIPESTATUS[0]}" | tee -a "$report"
 echo | tee -a "$report"
 echo "== ResNet-50 step time" | tee -a "$report"
