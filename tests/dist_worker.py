@@ -78,6 +78,9 @@ def main(argv=None):
             losses.append(trainer.step(x[lo:hi], y[lo:hi]))
         except mdn.DistributedError as e:
             print(f"worker: error: {e}", file=sys.stderr)
+            # also in a file: the launcher may kill the job before it forwards this rank's stderr
+            with open(f"{args.out}.rank{rank}.error", "w") as f:
+                f.write(str(e))
             from minidnn.distributed.launch import abort
             abort(3)
             return 3

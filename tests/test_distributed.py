@@ -3,6 +3,7 @@
 Each case runs tests/dist_worker.py alone and under ``mpiexec -n N`` (N = 2, 3) and compares the
 parameters and BatchNorm statistics after the steps. Every subprocess has a timeout, so a hang fails.
 """
+import glob
 import os
 import signal
 import subprocess
@@ -129,7 +130,8 @@ def _ended(proc, log, within=60):
         proc.kill()
         pytest.fail(f"the other ranks did not stop within {within} s")
     assert proc.returncode != 0
-    return open(log).read(), time.monotonic() - t0
+    errors = sorted(glob.glob(os.path.join(os.path.dirname(log), "*.error")))   # the workers' own words
+    return open(log).read() + "".join(open(p).read() + "\n" for p in errors), time.monotonic() - t0
 
 
 def test_kill_9_of_a_rank_ends_the_others_naming_it(tmp_path):
