@@ -65,8 +65,9 @@ class Problem:
 def seeds(policy, problem):
     """(name, why, chooser, convert, prune) of every seed for ``policy``: the policy alone, or
     for the hybrid ``auto`` also swap-only, the copies-free ranking, Chen's sqrt(n) segments and,
-    on schedules of at most ``knobs.baseline_seed_steps`` steps, recompute-only and the papers'
-    policies, so that ``auto`` is at or below each of them by construction."""
+    on schedules of at most ``knobs.baseline_seed_steps`` steps, recompute-only, the papers'
+    policies (so that ``auto`` is at or below each of them by construction) and the greedy with
+    the copy stream's room by direction."""
     if not (isinstance(policy, AutoPolicy) and policy.hybrid):
         return [(policy.name, "the policy asked for", problem.chooser(policy), False, True)]
     sched, knobs = problem.schedule, problem.knobs
@@ -98,6 +99,11 @@ def seeds(policy, problem):
         # not pruned: their copies are timed by the repairs, which is where they can win
         out += [(name, "a paper's policy as a seed", problem.chooser(get_policy(name)), False, False)
                 for name in BASELINES]
+        # last, so that no seed before it is pruned against it; not pruned: its raw plan may be
+        # slower, its timed copies are where it wins
+        out.append(("greedy, copy stream by direction", "copies out in the forward and prefetches in the "
+                    "backward each fit their own queue (as the copy timing runs them)",
+                    problem.chooser(AutoPolicy(name=policy.name, knobs=k, copy_windows=True)), True, False))
     return out
 
 
