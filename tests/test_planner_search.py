@@ -276,3 +276,21 @@ def test_the_copy_stream_by_direction_wins_where_copies_out_crowd_the_forward():
     before = [t for t in plan.log[:plan.log.index(mine[0])] if t.kept]
     assert any(t.kept for t in mine) and [t for t in plan.log if t.kept][-1].what.startswith(seed)
     assert plan.simulation.seconds < before[-1].seconds
+
+
+def test_offloads_are_halved_while_they_stall_and_the_stall_repair_falls_back():
+    """ResNet-152 b256 at 50% of its liveness peak on the Titan X profile: offloading every
+    recomputation the stream has room for stalls, so a smaller share is tried and kept; then the
+    stall repair (from the seed's best plan or, where nothing that fits comes of it, the plan
+    before) is kept after it."""
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.memory.repairs import REPAIRS, RecomputeStalled
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        sched = training_schedule(models.get("resnet152"), (256, 3, 224, 224))[1]
+    plan = plan_memory(sched, MemoryConfig(budget=0.5, profile="titanx-12gb"))
+    kept = [t.what for t in plan.log if t.kept]
+    halved = "greedy + recomputations offloaded (50%, halved while it stalls)"
+    assert kept[kept.index("greedy + recomputations offloaded (100%)") + 1] == halved
+    assert kept[kept.index(halved) + 1] == "greedy + stalled copies recomputed"
+    assert isinstance(REPAIRS[-1], RecomputeStalled) and REPAIRS[-1].start == "faster"

@@ -158,17 +158,21 @@ class Search:
         self.consider(plan, name, why)
         step = Step(self.p, convert, prior)
         start = {"best": plan, "timed": plan}    # the seed's best so far, and its timed plan
+        faster = [plan]                          # the seed's plans that fit, each faster than the last
         for repair in REPAIRS:
-            base = start[repair.start]
-            if not repair.applies(base, step):
+            # "faster": from the seed's best so far, or where nothing comes of it, the one before
+            bases = [b for b in (faster[::-1] if repair.start == "faster" else [start[repair.start]])
+                     if repair.applies(b, step)]
+            if not bases:
                 continue
-            out = repair.apply(base, step)
+            out = next((out for out in map(lambda b: repair.apply(b, step), bases) if out is not None), None)
             if out is None:
                 self.log.append(Trial(f"{name} + {repair.name}", repair.why + ": nothing that fits"))
                 continue
             self.consider(out, f"{name} + {repair.name}", repair.why)
             if out.arena_bytes <= self.p.limit and out.simulation.seconds < start["best"].simulation.seconds:
                 start["best"] = out
+                faster.append(out)
             if isinstance(repair, RetimeCopies):
                 start["timed"] = start["best"]
 
