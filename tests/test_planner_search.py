@@ -27,7 +27,7 @@ def setup():
 
 
 @pytest.mark.parametrize("policy", [AutoPolicy(), AutoPolicy(recompute=False), AutoPolicy(offload=False),
-                                    AutoPolicy(copies_free=True)])
+                                    AutoPolicy(copies_free=True), AutoPolicy(copy_windows=True)])
 def test_chooser_answers_each_limit_as_a_fresh_greedy(setup, policy):
     sched, cost, touch, options, algos = setup
     peak = int(memory_curve(lower(sched, {}, touch, algos)).max())
@@ -235,7 +235,8 @@ def test_the_search_log_says_why_the_plan_won(setup):
     sched = setup[0]
     plan = plan_memory(sched, MemoryConfig(budget=0.5, profile="titanx-12gb"))
     names = [t.what for t in plan.log]
-    for seed in ("greedy", "swap-only", "recompute-only", "vdnn_all", "vdnn_conv", "superneurons", "modnn"):
+    for seed in ("greedy", "swap-only", "recompute-only", "vdnn_all", "vdnn_conv", "superneurons", "modnn",
+                 "greedy, copy stream by direction"):
         assert seed in names
     kept = [t for t in plan.log if t.kept]
     assert kept and all(a.seconds > b.seconds for a, b in zip(kept, kept[1:]))
@@ -258,3 +259,38 @@ def test_a_tight_budget_recomputes_instead_of_waiting_on_copies():
     assert plan.simulation.recompute_seconds > 0
     swap = next(t for t in plan.log if t.what == "swap-only")
     assert not swap.kept
+
+
+def test_the_copy_stream_by_direction_wins_where_copies_out_crowd_the_forward():
+    """DenseNet-121 b128 at 25% of its liveness peak on the H100 profile: the greedy that gives the
+    copy stream one iteration's room in any order stalls on copies the forward cannot carry; the
+    seed whose copies out must fit the forward after them (and prefetches the backward before them)
+    is tried and kept, and is faster than every plan before it."""
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        sched = training_schedule(models.get("densenet121"), (128, 3, 224, 224))[1]
+    plan = plan_memory(sched, MemoryConfig(budget=0.25, profile="h100-80gb"))
+    seed = "greedy, copy stream by direction"
+    mine = [t for t in plan.log if t.what.startswith(seed)]
+    before = [t for t in plan.log[:plan.log.index(mine[0])] if t.kept]
+    assert any(t.kept for t in mine) and [t for t in plan.log if t.kept][-1].what.startswith(seed)
+    assert plan.simulation.seconds < before[-1].seconds
+
+
+def test_offloads_are_halved_while_they_stall_and_the_stall_repair_falls_back():
+    """ResNet-152 b256 at 50% of its liveness peak on the Titan X profile: offloading every
+    recomputation the stream has room for stalls, so a smaller share is tried and kept; then the
+    stall repair (from the seed's best plan or, where nothing that fits comes of it, the plan
+    before) is kept after it."""
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.memory.repairs import REPAIRS, RecomputeStalled
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        sched = training_schedule(models.get("resnet152"), (256, 3, 224, 224))[1]
+    plan = plan_memory(sched, MemoryConfig(budget=0.5, profile="titanx-12gb"))
+    kept = [t.what for t in plan.log if t.kept]
+    halved = "greedy + recomputations offloaded (50%, halved while it stalls)"
+    assert kept[kept.index("greedy + recomputations offloaded (100%)") + 1] == halved
+    assert kept[kept.index(halved) + 1] == "greedy + stalled copies recomputed"
+    assert isinstance(REPAIRS[-1], RecomputeStalled) and REPAIRS[-1].start == "faster"

@@ -40,9 +40,11 @@ class AutoPolicy:
     offloads where the copy stream has room left (transfers.py).
     """
 
-    def __init__(self, recompute=True, offload=True, name="auto", copies_free=False, knobs=Knobs()):
+    def __init__(self, recompute=True, offload=True, name="auto", copies_free=False, knobs=Knobs(),
+                 copy_windows=False):
         self.recompute, self.offload, self.name, self.knobs = recompute, offload, name, knobs
         self.copies_free = copies_free      # rank offloads as if copies took nothing from compute
+        self.copy_windows = copy_windows    # the copy stream's room by direction (Greedy)
 
     @property
     def hybrid(self) -> bool:
@@ -62,14 +64,22 @@ class AutoPolicy:
         algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
         so one run of it, continued as lower limits are asked for, answers every limit."""
         return Greedy(schedule, cost, touch, self.recompute, self.offload, options, algos,
-                      self.copies_free, self.knobs).greedy
+                      self.copies_free, self.knobs, self.copy_windows).greedy
 
 
 class Greedy:
-    """Every gap of every arena tensor, with what evicting it frees and costs, and the greedy's state."""
+    """Every gap of every arena tensor, with what evicting it frees and costs, and the greedy's state.
+
+    The copy stream's room: by default the copies of one iteration may take ``knobs.copy_capacity``
+    of its compute time, in any order. With ``copy_windows`` the stream is a queue in each direction
+    instead, as the copy timing runs it (transfers.offload_recomputations reads the forward the
+    same way): an offload taken in the forward and restored in the backward fits where its copy
+    out fits the forward's compute after it, beside the copies out released from then on, and its
+    prefetch fits the backward's compute before it is due, beside the prefetches due by then.
+    """
 
     def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
-                 copies_free=False, knobs=Knobs()):
+                 copies_free=False, knobs=Knobs(), copy_windows=False):
         self.schedule, self.touch, self.cost, self.knobs = schedule, touch, cost, knobs
         self.options, self.algos = options or {}, dict(algos or {})
         steps = self.steps = schedule.steps
@@ -128,6 +138,13 @@ class Greedy:
         self.taken = np.zeros(len(rows), bool)
         self.copy_capacity = knobs.copy_capacity * self.cum[-1]   # what copies one iteration hides
         self.copy_used = 0.0
+        self.last_forward, self.copy_windows = last_forward, copy_windows
+        # out_room[i]: the forward's compute after step i, less the copies out released at i or
+        # later; in_room[j]: the backward's compute before step j, less the prefetches due by j
+        at = np.arange(n)
+        self.out_room = np.where(at <= last_forward, self.cum[last_forward + 1] - self.cum[at + 1], np.inf)
+        self.in_room = np.where(at > last_forward, self.cum[at] - self.cum[last_forward + 1], np.inf)
+        self._least_room()
         # the greedy's state: the curves as decided so far, the algorithms then, each tensor's
         # evicted gaps, each step's restore chain (its peak above ``pre``, its seconds, the tensors
         # its walk asked about, the steps it recomputes), and each decision with the peak before it
@@ -233,10 +250,25 @@ class Greedy:
     def _costs(self, rows):
         """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed."""
         xfer = self.xfer[rows]
-        over = self.copy_used + xfer > self.copy_capacity
-        off = np.where(over, xfer, self.off_cost[rows])   # beyond capacity a copy is exposed
+        off = np.where(self._over(rows), xfer, self.off_cost[rows])   # beyond capacity a copy is exposed
         rc = self.rc_cost[rows]
         return np.minimum(off, rc), off <= rc
+
+    def _over(self, rows):
+        """Whether the copy stream has no room left for the copies of ``rows`` (indices)."""
+        xfer = self.xfer[rows]
+        over = self.copy_used + xfer > self.copy_capacity
+        if not self.copy_windows:
+            return over
+        a, b, x = self.A[rows], self.B[rows], xfer / 2
+        across = (a <= self.last_forward) & (b > self.last_forward)   # out in the forward, back in the backward
+        room = (self.out_least[a] >= x) & (self.in_least[b] >= x)
+        return np.where(across, ~room, over)
+
+    def _least_room(self):
+        """The least room of every suffix of the forward (copies out) and prefix of the backward (prefetches)."""
+        self.out_least = np.minimum.accumulate(self.out_room)
+        self.in_least = np.minimum.accumulate(self.in_room[::-1])[::-1]
 
     def greedy(self, limit):
         """(evictions {(t, gap): Evict}, algorithms) whose lowering stays within ``limit``, or
@@ -302,7 +334,7 @@ class Greedy:
                     continue
                 fits = True
                 seconds = base + trial[0]
-                if kind == "offload" and self.copy_used + self.xfer[k] > self.copy_capacity:
+                if kind == "offload" and self._over([k])[0]:
                     seconds += self.xfer[k] - base
                 if kind == "recompute":
                     self.rc_cost[k] = trial[0]
@@ -359,6 +391,10 @@ class Greedy:
         self.taken[k] = True
         if kind == "offload":
             self.copy_used += self.xfer[k]
+            if self.copy_windows and a <= self.last_forward < b:
+                self.out_room[:a + 1] -= self.xfer[k] / 2
+                self.in_room[b:] -= self.xfer[k] / 2
+                self._least_room()
         self.step_live[a + 1:b] -= size
         self.pre[a + 1:b] -= size
         if kind == "recompute":

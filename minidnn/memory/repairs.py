@@ -45,7 +45,8 @@ def _retimed(step, plan):
 
 class RetimeCopies:
     name, why = "timed copies", "copies held and prefetched to overlap compute"
-    start = "best"            # the seed's plan a repair starts from: its best so far, or its timed plan
+    start = "best"            # the seed's plan a repair starts from: its best so far, its timed plan, or
+                              # ("faster") its best from which the repair finds something
 
     def applies(self, plan, step) -> bool:
         return any(ev.kind == "offload" for ev in plan.evictions.values())
@@ -57,13 +58,15 @@ class RetimeCopies:
 class OffloadRecomputations:
     """Recomputations offloaded where the copy stream has room beside the plan's own copies
     (``share``: that fraction of them, the costliest), retimed. Tried where the seed may convert,
-    the plan is still ahead of the best found before, and (for a share below one) it stalls."""
+    the plan is still ahead of the best found before, and (for a share below one) it stalls.
+    With ``halving``, the share is halved again while the result still stalls (the memory left
+    holds fewer copies early), down to one recomputation; the fastest result is the candidate."""
 
     start = "timed"           # both shares trade on the timed plan's stream
 
-    def __init__(self, share):
-        self.share = share
-        self.name = f"recomputations offloaded ({share:.0%})"
+    def __init__(self, share, halving=False):
+        self.share, self.halving = share, halving
+        self.name = f"recomputations offloaded ({share:.0%}{', halved while it stalls' if halving else ''})"
         self.why = "the copy stream has room left during the forward"
 
     def applies(self, plan, step) -> bool:
@@ -72,8 +75,18 @@ class OffloadRecomputations:
                 and any(ev.kind == "recompute" for ev in plan.evictions.values()))
 
     def apply(self, plan, step):
+        share, best = self.share, None
+        count = sum(ev.kind == "recompute" for ev in plan.evictions.values())
+        while True:
+            more = self._offloaded(plan, step, share)
+            best = fastest(best, more)
+            if not self.halving or (more is not None and not step.stalled) or share * count <= 1:
+                return best
+            share /= 2
+
+    def _offloaded(self, plan, step, share):
         p = step.problem
-        more = offload_recomputations(step.plan_fn(plan), plan, p.schedule, p.cost, p.limit, p.touch, self.share)
+        more = offload_recomputations(step.plan_fn(plan), plan, p.schedule, p.cost, p.limit, p.touch, share)
         if more is None:
             return None
         more = fastest(more, _retimed(step, more))
@@ -83,7 +96,7 @@ class OffloadRecomputations:
 
 class RecomputeStalled:
     name, why = "stalled copies recomputed", "the compute waits for these copies longer than a recomputation takes"
-    start = "best"
+    start = "faster"          # from the seed's best, or where nothing of it fits, the plan it improved on
 
     def applies(self, plan, step) -> bool:
         return step.convert and not step.behind(plan) and any(ev.kind == "offload" for ev in plan.evictions.values())
@@ -95,4 +108,5 @@ class RecomputeStalled:
 
 
 # the order matters: copies are timed first (the trades read the timed plan's stream)
-REPAIRS = (RetimeCopies(), OffloadRecomputations(1.0), OffloadRecomputations(0.5), RecomputeStalled())
+REPAIRS = (RetimeCopies(), OffloadRecomputations(1.0), OffloadRecomputations(0.5, halving=True),
+           RecomputeStalled())

@@ -65,8 +65,9 @@ class Problem:
 def seeds(policy, problem):
     """(name, why, chooser, convert, prune) of every seed for ``policy``: the policy alone, or
     for the hybrid ``auto`` also swap-only, the copies-free ranking, Chen's sqrt(n) segments and,
-    on schedules of at most ``knobs.baseline_seed_steps`` steps, recompute-only and the papers'
-    policies, so that ``auto`` is at or below each of them by construction."""
+    on schedules of at most ``knobs.baseline_seed_steps`` steps, recompute-only, the papers'
+    policies (so that ``auto`` is at or below each of them by construction) and the greedy with
+    the copy stream's room by direction."""
     if not (isinstance(policy, AutoPolicy) and policy.hybrid):
         return [(policy.name, "the policy asked for", problem.chooser(policy), False, True)]
     sched, knobs = problem.schedule, problem.knobs
@@ -98,6 +99,11 @@ def seeds(policy, problem):
         # not pruned: their copies are timed by the repairs, which is where they can win
         out += [(name, "a paper's policy as a seed", problem.chooser(get_policy(name)), False, False)
                 for name in BASELINES]
+        # last, so that no seed before it is pruned against it; not pruned: its raw plan may be
+        # slower, its timed copies are where it wins
+        out.append(("greedy, copy stream by direction", "copies out in the forward and prefetches in the "
+                    "backward each fit their own queue (as the copy timing runs them)",
+                    problem.chooser(AutoPolicy(name=policy.name, knobs=k, copy_windows=True)), True, False))
     return out
 
 
@@ -152,17 +158,21 @@ class Search:
         self.consider(plan, name, why)
         step = Step(self.p, convert, prior)
         start = {"best": plan, "timed": plan}    # the seed's best so far, and its timed plan
+        faster = [plan]                          # the seed's plans that fit, each faster than the last
         for repair in REPAIRS:
-            base = start[repair.start]
-            if not repair.applies(base, step):
+            # "faster": from the seed's best so far, or where nothing comes of it, the one before
+            bases = [b for b in (faster[::-1] if repair.start == "faster" else [start[repair.start]])
+                     if repair.applies(b, step)]
+            if not bases:
                 continue
-            out = repair.apply(base, step)
+            out = next((out for out in map(lambda b: repair.apply(b, step), bases) if out is not None), None)
             if out is None:
                 self.log.append(Trial(f"{name} + {repair.name}", repair.why + ": nothing that fits"))
                 continue
             self.consider(out, f"{name} + {repair.name}", repair.why)
             if out.arena_bytes <= self.p.limit and out.simulation.seconds < start["best"].simulation.seconds:
                 start["best"] = out
+                faster.append(out)
             if isinstance(repair, RetimeCopies):
                 start["timed"] = start["best"]
 
