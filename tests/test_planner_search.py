@@ -294,3 +294,20 @@ def test_offloads_are_halved_while_they_stall_and_the_stall_repair_falls_back():
     assert kept[kept.index("greedy + recomputations offloaded (100%)") + 1] == halved
     assert kept[kept.index(halved) + 1] == "greedy + stalled copies recomputed"
     assert isinstance(REPAIRS[-1], RecomputeStalled) and REPAIRS[-1].start == "faster"
+
+
+def test_trades_ranked_by_the_chain_the_lowering_runs_are_tried_and_kept():
+    """ResNet-152 b256 at 12 GiB on the Titan X profile: the recomputations whose lowering runs a
+    fused chain (a block's add and ReLU) cost less than their producer's step says; trading them
+    by their chains, then recomputing what still stalls, is tried and kept, faster than every plan
+    the producer-ranked trades gave."""
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        sched = training_schedule(models.get("resnet152"), (256, 3, 224, 224))[1]
+    plan = plan_memory(sched, MemoryConfig(budget=12 * 2**30, profile="titanx-12gb"))
+    chained = [t for t in plan.log if "chains" in t.what and t.seconds is not None]
+    others = [t for t in plan.log if "chains" not in t.what and t.seconds is not None and t.bytes <= plan.arena_bytes
+              and t.what != plan.log[-1].what]
+    assert chained and [t for t in plan.log if t.kept][-1] in chained
+    assert plan.simulation.seconds < min(t.seconds for t in others if "+" in t.what)

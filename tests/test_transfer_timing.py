@@ -155,12 +155,14 @@ def test_segments_are_a_seed_and_auto_is_never_slower_than_them():
 def test_segments_are_skipped_where_the_best_plan_is_within_an_extra_forward(resnet50):
     """ResNet-50 at batch 256 in 6 GiB on the V100 profile: the greedy's plan (which once offloaded
     and stalled, +304%) recomputes and fits; segments, which recompute about one forward, cannot beat
-    a plan within a tenth of the unlimited step, so the log records them as not tried."""
-    plan = plan_memory(resnet50, MemoryConfig(budget="6GiB", profile="v100-16gb"))
+    a plan within a tenth of the unlimited step (``segments_over`` set there), so the log records
+    them as not tried."""
+    knobs = Knobs(segments_over=0.1)
+    plan = plan_memory(resnet50, MemoryConfig(budget="6GiB", profile="v100-16gb"), knobs=knobs)
     assert plan.peak_bytes <= plan.budget and plan.policy == "auto"
     segments = next(t for t in plan.log if t.what == "checkpoint_sqrt")
     assert segments.bytes is None and "not tried" in segments.why
-    assert plan.simulation.seconds <= (1 + Knobs().segments_over) * plan.baseline.seconds
+    assert plan.simulation.seconds <= (1 + knobs.segments_over) * plan.baseline.seconds
     assert plan.simulation.recompute_seconds > 0
 
 

@@ -64,9 +64,10 @@ class OffloadRecomputations:
 
     start = "timed"           # both shares trade on the timed plan's stream
 
-    def __init__(self, share, halving=False):
-        self.share, self.halving = share, halving
-        self.name = f"recomputations offloaded ({share:.0%}{', halved while it stalls' if halving else ''})"
+    def __init__(self, share, halving=False, chains=False):
+        self.share, self.halving, self.chains = share, halving, chains
+        self.name = (f"recomputations offloaded ({share:.0%}{', halved while it stalls' if halving else ''})"
+                     + (", costliest chains first" if chains else ""))
         self.why = "the copy stream has room left during the forward"
 
     def applies(self, plan, step) -> bool:
@@ -86,7 +87,8 @@ class OffloadRecomputations:
 
     def _offloaded(self, plan, step, share):
         p = step.problem
-        more = offload_recomputations(step.plan_fn(plan), plan, p.schedule, p.cost, p.limit, p.touch, share)
+        more = offload_recomputations(step.plan_fn(plan), plan, p.schedule, p.cost, p.limit, p.touch, share,
+                                      self.chains)
         if more is None:
             return None
         more = fastest(more, _retimed(step, more))
@@ -95,8 +97,11 @@ class OffloadRecomputations:
 
 
 class RecomputeStalled:
-    name, why = "stalled copies recomputed", "the compute waits for these copies longer than a recomputation takes"
+    why = "the compute waits for these copies longer than a recomputation takes"
     start = "faster"          # from the seed's best, or where nothing of it fits, the plan it improved on
+
+    def __init__(self, name="stalled copies recomputed"):
+        self.name = name
 
     def applies(self, plan, step) -> bool:
         return step.convert and not step.behind(plan) and any(ev.kind == "offload" for ev in plan.evictions.values())
@@ -110,3 +115,7 @@ class RecomputeStalled:
 # the order matters: copies are timed first (the trades read the timed plan's stream)
 REPAIRS = (RetimeCopies(), OffloadRecomputations(1.0), OffloadRecomputations(0.5, halving=True),
            RecomputeStalled())
+# the trades once more from the timed plan, the recomputations ranked by the chain their lowering
+# runs (program.recompute_seconds) rather than by their producer's step alone
+BY_CHAIN = (OffloadRecomputations(1.0, chains=True), OffloadRecomputations(0.5, halving=True, chains=True),
+            RecomputeStalled("stalled copies recomputed, after the chains' trades"))

@@ -23,7 +23,7 @@ from .knobs import Knobs
 from .policies import BASELINES, get_policy
 from .program import lower
 from .simulator import memory_curve, simulate
-from .repairs import REPAIRS, RetimeCopies, Step
+from .repairs import BY_CHAIN, REPAIRS, RetimeCopies, Step
 
 
 @dataclass(frozen=True)
@@ -159,22 +159,35 @@ class Search:
         step = Step(self.p, convert, prior)
         start = {"best": plan, "timed": plan}    # the seed's best so far, and its timed plan
         faster = [plan]                          # the seed's plans that fit, each faster than the last
+        timed = None
         for repair in REPAIRS:
-            # "faster": from the seed's best so far, or where nothing comes of it, the one before
-            bases = [b for b in (faster[::-1] if repair.start == "faster" else [start[repair.start]])
-                     if repair.applies(b, step)]
-            if not bases:
-                continue
-            out = next((out for out in map(lambda b: repair.apply(b, step), bases) if out is not None), None)
-            if out is None:
-                self.log.append(Trial(f"{name} + {repair.name}", repair.why + ": nothing that fits"))
-                continue
-            self.consider(out, f"{name} + {repair.name}", repair.why)
-            if out.arena_bytes <= self.p.limit and out.simulation.seconds < start["best"].simulation.seconds:
-                start["best"] = out
-                faster.append(out)
+            self.repair(name, repair, step, start, faster)
             if isinstance(repair, RetimeCopies):
                 start["timed"] = start["best"]
+                timed = dict(start), list(faster)
+        # the trades again, their recomputations ranked by chain: on schedules where another lowering
+        # and replay per trade stay cheap (knobs.baseline_seed_steps)
+        if timed is not None and step.convert and len(self.p.schedule.steps) <= self.p.knobs.baseline_seed_steps:
+            start, faster = timed
+            step.stalled = True
+            for repair in BY_CHAIN:
+                self.repair(name, repair, step, start, faster)
+
+    def repair(self, name, repair, step, start, faster):
+        """Try ``repair`` on the seed's plan it starts from (``start``; "faster": its best so far, or
+        where nothing comes of that, the one before) and consider what it gives."""
+        bases = [b for b in (faster[::-1] if repair.start == "faster" else [start[repair.start]])
+                 if repair.applies(b, step)]
+        if not bases:
+            return
+        out = next((out for out in map(lambda b: repair.apply(b, step), bases) if out is not None), None)
+        if out is None:
+            self.log.append(Trial(f"{name} + {repair.name}", repair.why + ": nothing that fits"))
+            return
+        self.consider(out, f"{name} + {repair.name}", repair.why)
+        if out.arena_bytes <= self.p.limit and out.simulation.seconds < start["best"].simulation.seconds:
+            start["best"] = out
+            faster.append(out)
 
     def rechains(self, plan) -> bool:
         """Whether the plan's recomputations mostly recompute chains of dropped inputs again and again."""

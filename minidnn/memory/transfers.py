@@ -62,10 +62,12 @@ def timeline(plan, schedule):
     return np.concatenate([[0.0], np.cumsum(secs)]), curve, group
 
 
-def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0):
+def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0, chains=False):
     """``plan`` with the recomputations that cost the most per byte turned into offloads, as many
     as the copy stream can carry during the forward beside the plan's own offloads (``share``: that
-    fraction of them, the costliest); or None where that plan does not fit ``limit``.
+    fraction of them, the costliest: by their producer's step per copy second, or with ``chains``
+    by the chain the lowering runs to restore them, program.recompute_seconds); or None where that
+    plan does not fit ``limit``.
 
     The policy charges copies a bias, because the copy stream is shared; once the plan's transfers
     are timed, what is left of the stream is known: a queue released over the forward steps fits
@@ -75,6 +77,7 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
     cum = timeline(plan, schedule)[0]
     producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
     slack = cum[last_forward + 1] - cum[1:last_forward + 2]   # slack[a]: copy time left after step a
+    secs = [cost.step_seconds(schedule, s, plan.algos.get(s.index)) for s in steps]
     chosen = []
     for (t, g), ev in plan.evictions.items():
         a = touch[t][g]
@@ -83,7 +86,8 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
             slack[:a + 1] -= x
         elif a <= last_forward and t in producer:
             src = producer[t]
-            chosen.append((cost.step_seconds(schedule, src, plan.algos.get(src.index)) / x, (t, g), a, x))
+            redo = recompute_seconds(t, touch[t][g + 1], touch, producer, secs) if chains else secs[src.index]
+            chosen.append((redo / x, (t, g), a, x))
     fitting = []
     for _, key, a, x in sorted(chosen, reverse=True):
         if slack[:a + 1].min(initial=math.inf) >= x:
