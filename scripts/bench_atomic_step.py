@@ -14,9 +14,9 @@ import statistics
 import time
 
 import minidnn as mdn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
-import numpy as np
 
 from minidnn import models, nn, optim
+from synthetic import synthetic_batch
 from minidnn.transaction import InterruptGuard, Step, atomic_step
 
 
@@ -27,11 +27,7 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--budget", default="none")
     args = ap.parse_args()
-    c, h, w = models.default_input(args.model)
-    shape = (args.batch_size, c, h, w)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype(np.float32)
-    y = rng.integers(0, 10, args.batch_size)
+    shape, x, y = synthetic_batch(args.model, args.batch_size)
     trainer = mdn.compile(models.get(args.model).init_parameters(0), shape, nn.CrossEntropyLoss(),
                           optim.SGD(lr=0.01, momentum=0.9), trace_every=0,
                           memory=None if args.budget == "none" else args.budget)

@@ -13,9 +13,9 @@ import statistics
 import time
 
 import minidnn as mdn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
-import numpy as np
 
 from minidnn import models, nn, optim
+from synthetic import synthetic_batch
 from minidnn.memory import Plan
 
 
@@ -26,11 +26,7 @@ def main():
     ap.add_argument("--budgets", default="0.6,0.4")
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
-    c, h, w = models.default_input(args.model)
-    shape = (args.batch_size, c, h, w)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype(np.float32)
-    y = rng.integers(0, 10, args.batch_size)
+    shape, x, y = synthetic_batch(args.model, args.batch_size)
     budgets = [None] + [float(b) for b in args.budgets.split(",")]
     trainers = {}
     for b in budgets:

@@ -12,9 +12,9 @@ import statistics
 import time
 
 import minidnn as mdn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
-import numpy as np
 
 from minidnn import models, nn, optim
+from synthetic import synthetic_batch
 
 
 def main():
@@ -24,11 +24,7 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--budget", default="0.6")
     args = ap.parse_args()
-    c, h, w = models.default_input(args.model)
-    shape = (args.batch_size, c, h, w)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype(np.float32)
-    y = rng.integers(0, 10, args.batch_size)
+    shape, x, y = synthetic_batch(args.model, args.batch_size)
     trainers = {every: mdn.compile(models.get(args.model).init_parameters(0), shape, nn.CrossEntropyLoss(),
                                    optim.SGD(lr=0.01, momentum=0.9), memory=args.budget, trace_every=every)
                 for every in (0, 1)}
