@@ -149,6 +149,16 @@ def train_below_minimum(batch=32, steps=6):
               f"(<= budget: {t.measured_peak_bytes <= budget}), {time.perf_counter() - t0:.2f} s")
 
 
+def table(cases, profiles, budgets, heads):
+    """One markdown table: a row per (network, batch) of ``cases``, a cell per profile and budget."""
+    print("| network | batch | ideal | liveness peak | lower bound | " + " | ".join(heads) + " |")
+    print("|---" * (5 + len(heads)) + "|")
+    t0 = time.perf_counter()
+    for name, batch in cases:
+        print(row(name, batch, profiles, budgets), flush=True)
+    print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default="titanx-12gb,v100-16gb")
@@ -160,24 +170,12 @@ def main():
     args = ap.parse_args()
     profiles = args.profiles.split(",")
     budgets = [parse_bytes(b) for b in args.budgets.split(",")]
-    heads = [f"{p} @ {format_bytes(b)}" for p in profiles for b in budgets]
     print("GiB; each budget cell: plan peak (predicted step time vs unlimited memory), or the minimum if infeasible")
-    print("| network | batch | ideal | liveness peak | lower bound | " + " | ".join(heads) + " |")
-    print("|---" * (5 + len(heads)) + "|")
-    t0 = time.perf_counter()
-    for name, batch in CASES:
-        print(row(name, batch, profiles, budgets), flush=True)
-    print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
+    table(CASES, profiles, budgets, [f"{p} @ {format_bytes(b)}" for p in profiles for b in budgets])
     tight = args.tight_profiles.split(",")
     fractions = [float(f.strip("%")) / 100 for f in args.fractions.split(",")]
-    heads = [f"{p} @ {f:.0%}" for p in tight for f in fractions]
     print("\nat a fraction of the liveness peak (targets: at most +3% at 50%, +33% at 25%)")
-    print("| network | batch | ideal | liveness peak | lower bound | " + " | ".join(heads) + " |")
-    print("|---" * (5 + len(heads)) + "|")
-    t0 = time.perf_counter()
-    for name, batch in TIGHT:
-        print(row(name, batch, tight, fractions), flush=True)
-    print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
+    table(TIGHT, tight, fractions, [f"{p} @ {f:.0%}" for p in tight for f in fractions])
     with shapes_only():
         net = models.get("resnet_deep", depth=1001)
     _, sched = training_schedule(net, (16, 3, 224, 224))
