@@ -64,35 +64,18 @@ def training_schedule(net, input_shape):
     return graph, build_schedule(graph, optimizer=SGD(lr=0.1, momentum=0.9))
 
 
-def sub_batch_schedules(net, input_shape):
-    """b -> (schedule of a sub-batch of b samples adding its gradients, the update alone): the
-    step of :func:`training_schedule` split into sub-batches (see memory.subbatch)."""
-    from .autograd import build_schedule, build_update_schedule
-    from .graph import trace
-    from .optim import SGD
-    loss, opt = _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9)
-
-    def schedules_for(b):
-        graph = trace(net, (b,) + tuple(input_shape[1:]), loss=loss)
-        return (build_schedule(graph, optimizer=opt, accumulate=True, updates=False),
-                build_update_schedule(graph, opt))
-    return schedules_for
-
-
 def step_splits(net, input_shape):
     """The :class:`~minidnn.memory.subbatch.Splits` of :func:`training_schedule`'s step: as sub-batches,
     or staged with full-batch BatchNorm statistics."""
-    from .autograd import build_schedule
-    from .graph import trace
-    from .memory.subbatch import Splits
     from .optim import SGD
-    from .split_graph import split_graph
-    loss, opt = _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9)
+    from .split_graph import step_splits as splits
+    return splits(net, input_shape, _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9))
 
-    def staged(b, k):
-        graph = trace(net, (b,) + tuple(input_shape[1:]), loss=loss)
-        return build_schedule(split_graph(graph, k), optimizer=opt, load_each_input=True)
-    return Splits(sub_batch_schedules(net, input_shape), staged)
+
+def sub_batch_schedules(net, input_shape):
+    """b -> (schedule of a sub-batch of b samples adding its gradients, the update alone): the
+    step of :func:`training_schedule` split into sub-batches (see memory.subbatch)."""
+    return step_splits(net, input_shape).sub
 
 
 def _input_shape(name, batch_size, image_size):

@@ -33,8 +33,10 @@ draw than the unsplit one's.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .errors import ShapeError
-from .graph import Graph
+from .graph import Graph, trace
 from .ops.elementwise import ReshapeOp
 from .ops.loss import MeanOfLossesOp
 from .ops.norm import BatchNorm2dOp
@@ -132,3 +134,23 @@ def split_graph(graph: Graph, k: int) -> Graph:
     loss = graph.outputs[0]
     g.outputs = emit(MeanOfLossesOp(), loss.producer.path, [vmap[j][loss.id] for j in range(k)])
     return g
+
+
+def step_splits(net, input_shape, loss, optimizer, dtype=np.float32):
+    """The :class:`~minidnn.memory.subbatch.Splits` of a training step of ``net`` on ``input_shape``
+    (batch first): b -> (a sub-batch of b samples adding its gradients, the update alone), and
+    (b, k) -> the k sub-batches of b in one graph, staged between BatchNorms."""
+    from .autograd import build_schedule, build_update_schedule
+    from .memory.subbatch import Splits
+
+    def graph_of(b):
+        return trace(net, (b,) + tuple(input_shape[1:]), dtype, loss=loss)
+
+    def sub(b):
+        graph = graph_of(b)
+        return (build_schedule(graph, optimizer=optimizer, accumulate=True, updates=False),
+                build_update_schedule(graph, optimizer))
+
+    def staged(b, k):
+        return build_schedule(split_graph(graph_of(b), k), optimizer=optimizer, load_each_input=True)
+    return Splits(sub, staged)

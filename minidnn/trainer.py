@@ -5,15 +5,15 @@ import dataclasses
 
 import numpy as np
 
-from .autograd import build_schedule, build_update_schedule
+from .autograd import build_schedule
 from .backend import get_backend
 from .errors import ShapeError
 from .executor import Context, Executor
 from .graph import trace
 from .memory import MemoryConfig
-from .memory.subbatch import Splits, plan_eval, plan_step
+from .memory.subbatch import plan_eval, plan_step
 from .persistent import PersistentStore
-from .split_graph import split_graph
+from .split_graph import step_splits
 from .trace import Recorder
 from .transaction import atomic_step
 
@@ -101,18 +101,7 @@ class Trainer:
         """How a training step on ``shape`` is built as sub-batches (None: without an optimizer it is not)."""
         if self.optimizer is None:
             return None
-
-        def graph_of(b):
-            return trace(self.net, (b,) + shape[1:], self.dtype, loss=self.loss)
-
-        def sub(b):
-            graph = graph_of(b)
-            return (build_schedule(graph, optimizer=self.optimizer, accumulate=True, updates=False),
-                    build_update_schedule(graph, self.optimizer))
-
-        def staged(b, k):
-            return build_schedule(split_graph(graph_of(b), k), optimizer=self.optimizer, load_each_input=True)
-        return Splits(sub, staged)
+        return step_splits(self.net, shape, self.loss, self.optimizer, self.dtype)
 
     def _cost(self, base):
         """The cost model plans use on this backend (on CUDA: cuDNN's algorithms and times)."""
