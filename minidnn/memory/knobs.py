@@ -21,6 +21,11 @@ class Knobs:
     # Greedy: the share of a copy's time charged even where its gap hides it (the copy stream is
     # shared by every offload: the Capuchin-style bias towards recomputing cheap layers).
     copy_bias: float = 0.25
+    # ... and the bias of a seed that charges every copy in full (on schedules of at most
+    # ``baseline_seed_steps`` steps): it offloads other tensors than the greedy does, and the
+    # greedy's choice can recompute long chains instead: DenseNet-small b4 @ 40% on v100 2740.9 ->
+    # 2391.5 us, recomputing 141 us instead of 754 (bench_optimal.py). None: no such seed.
+    full_copy_bias: float | None = 1.0
     # Greedy: the copy time one iteration can hide, as a share of its compute; beyond it a copy is
     # charged in full. (The seed "greedy, copy stream by direction" gives an offload from the
     # forward to the backward the room its two queues have instead: DenseNet-121 b128 @ 25% on
@@ -48,3 +53,9 @@ class Knobs:
     # costs a lowering and a replay (0.3 s apiece on ResNet-1001's 10040 steps, whose plan must
     # take at most 2 s; ResNet-152's 2,000 steps take 0.05 s).
     baseline_seed_steps: int = 5000
+    # The greedy is also a seed at these shares of the limit (on schedules of at most
+    # ``baseline_seed_steps`` steps): its model frees an offload's bytes over its whole gap, while
+    # the timed copies hold them while they run, so a plan that fits with no room to spare stalls:
+    # random DAG 16 @ 60% on v100 330.7 -> 290.2 us, DAG 24 @ 40% 656.6 -> 576.0 us, ResNet-152 b256
+    # @ 50% on v100 +3.2% -> +2.9% (bench_optimal.py, bench_memory.py). (): no such seeds.
+    copy_room: tuple = (0.95, 0.9, 0.8)

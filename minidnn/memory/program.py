@@ -5,8 +5,8 @@ consecutive touches lies a *gap*. A decision may evict a tensor for a gap:
 
 - ``offload``: copy it to the host store after the touch that opens the gap
   (once; a copy stays valid until the tensor is written again), free the
-  device buffer ``delay`` compute steps later (when the copy is done), and
-  prefetch it back ``lead`` compute steps before the touch that closes the gap;
+  device buffer ``delay`` schedule steps later (when the copy is done), and
+  prefetch it back ``lead`` schedule steps before the touch that closes the gap;
 - ``recompute``: drop it right after the touch, and run its producer's forward
   again just before the next touch (restoring that producer's inputs the same
   way, so segments of cheap ops are recomputed together).
@@ -34,8 +34,8 @@ from ..schedule import WORKSPACE, Step, Tensor, aligned
 @dataclass(frozen=True)
 class Evict:
     kind: str          # "offload" or "recompute"
-    delay: int = 0     # offload: compute steps the device copy is held after the offload is issued
-    lead: int = 0      # offload: compute steps before the next touch at which the prefetch is issued
+    delay: int = 0     # offload: schedule steps the device copy is held after the offload is issued
+    lead: int = 0      # offload: schedule steps before the next touch at which the prefetch is issued
 
 
 @dataclass(slots=True)
@@ -251,6 +251,8 @@ class _Lowering:
         self.now = 0                          # the schedule step being lowered
         self.tensors = list(schedule.tensors)
         self.steps, self.res, self.origin = [], [], []
+        self.at = []                          # schedule step -> the program step that runs it
+        self.holds = []                       # (offloaded residency, the schedule step it is held through)
         self.ws_bytes = []                   # aligned bytes of the workspace tensors added here
         self.cur: dict[int, int] = {}        # tensor id -> index of its open residency
         self.host_valid: set = set()
@@ -378,6 +380,7 @@ class _Lowering:
                     res.append(Residency(ws, i, i, "compute"))
             else:
                 i = self.emit_copy(s)
+            self.at.append(i)
             for t in touched:                 # open or extend (i is the latest step): inlined, the hot loop
                 k = cur.get(t)
                 if k is None:
@@ -414,14 +417,12 @@ class _Lowering:
             self.host_bytes += aligned(self.tensors[t].nbytes)
         r = self.close(t, j)
         r.wait_offload, r.delay = j, ev.delay
+        if ev.delay:
+            self.holds.append((r, self.now + ev.delay))
 
     def _apply_delays(self):
-        """Hold an offloaded buffer ``delay`` compute steps past its offload, so the copy can overlap."""
-        delayed = [r for r in self.res if r.delay]
-        if not delayed:
-            return
-        compute = [i for i, s in enumerate(self.steps) if s.kind not in ("offload", "prefetch")]
-        for r in delayed:
-            k = bisect.bisect_right(compute, r.end)
-            if k < len(compute):
-                r.end = compute[min(k + r.delay - 1, len(compute) - 1)]
+        """Hold an offloaded buffer through the ``delay`` schedule steps after its offload (to the
+        end of the last one's own step), so the copy can overlap them."""
+        last = len(self.at) - 1
+        for r, until in self.holds:
+            r.end = max(r.end, self.at[min(until, last)])

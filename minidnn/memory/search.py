@@ -66,8 +66,9 @@ def seeds(policy, problem):
     """(name, why, chooser, convert, prune) of every seed for ``policy``: the policy alone, or
     for the hybrid ``auto`` also swap-only, the copies-free ranking, Chen's sqrt(n) segments and,
     on schedules of at most ``knobs.baseline_seed_steps`` steps, recompute-only, the papers'
-    policies (so that ``auto`` is at or below each of them by construction) and the greedy with
-    the copy stream's room by direction."""
+    policies (so that ``auto`` is at or below each of them by construction), the greedy asked for
+    less than the limit (room left for its copies' timing), the greedy charging copies in full, and
+    the greedy with the copy stream's room by direction."""
     if not (isinstance(policy, AutoPolicy) and policy.hybrid):
         return [(policy.name, "the policy asked for", problem.chooser(policy), False, True)]
     sched, knobs = problem.schedule, problem.knobs
@@ -91,7 +92,19 @@ def seeds(policy, problem):
         out.append(("checkpoint_sqrt", "Chen et al.'s sqrt(n) segments, then copies where the stream has room",
                     sqrt_chooser, True, False))   # (not pruned: the horizon search removes their rework)
     if len(sched.steps) <= knobs.baseline_seed_steps:
+        # the greedy asked for less than the limit: the room left is where the copy timing holds its
+        # offloads until their copies are done and prefetches them early (not pruned: before their
+        # copies are timed these plans evict more, so they are slower)
+        greedy_choose = out[0][2]
+        out[1:1] = [(f"greedy, {1 - f:.0%} left for its copies", "the copy timing's holds and early prefetches "
+                     "need memory the greedy does not plan for", _scaled(greedy_choose, f), True, False)
+                    for f in knobs.copy_room]
         hidden = dataclasses.replace(k, chain_copy_share=0.0)
+        if knobs.full_copy_bias is not None:
+            dear = dataclasses.replace(k, copy_bias=knobs.full_copy_bias)
+            out[1:1] = [("greedy, copies charged in full", "a copy's whole time charged where its gap hides it: "
+                         "copies that cluster in a few layers queue on the one stream",
+                         problem.chooser(AutoPolicy(name=policy.name, knobs=dear)), True, False)]
         out[1:1] = [("greedy, chain copies hidden", "a chain's prefetches charged nothing (the copy timing "
                      "may issue them early)", problem.chooser(AutoPolicy(name=policy.name, knobs=hidden)), True, False),
                     ("recompute-only", "every eviction a recomputation",
@@ -105,6 +118,11 @@ def seeds(policy, problem):
                     "backward each fit their own queue (as the copy timing runs them)",
                     problem.chooser(AutoPolicy(name=policy.name, knobs=k, copy_windows=True)), True, False))
     return out
+
+
+def _scaled(choose, share):
+    """``choose`` asked for ``share`` of every target."""
+    return lambda target: choose(int(share * target))
 
 
 class Search:
