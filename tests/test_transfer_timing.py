@@ -15,7 +15,7 @@ from minidnn.memory import MemoryConfig, plan_memory
 from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.knobs import Knobs
 from minidnn.memory.planner import make_plan
-from minidnn.memory.transfers import hide_transfers, offload_recomputations, recompute_stalled, timeline
+from minidnn.memory.transfers import Gap, extend, hide_transfers, offload_recomputations, recompute_stalled, timeline
 from minidnn.memory.program import Evict, touches
 from minidnn.report import shapes_only, training_schedule
 
@@ -84,6 +84,27 @@ def test_offloads_the_compute_waits_for_are_recomputed(resnet50):
                            for k in changed)
     assert recompute_stalled(plan_fn, plan_memory(resnet50, MemoryConfig(profile="titanx-12gb")),
                              resnet50, touches(resnet50), cost).evictions == {}     # nothing waits: unchanged
+
+
+def test_tight_memory_goes_to_the_extensions_that_save_the_most_stall_per_byte():
+    """Eight schedule steps of a second each. Tensor 1 (1 byte) is offloaded after step 2, its copy
+    ending at 4.0 s, and prefetched for step 7; tensor 2 (2 bytes) is prefetched for step 5, a copy
+    of 1.5 s, so it arrives in time if issued before step 3 (3.5 s at the latest). With 2 bytes of
+    room per step, step 3 holds either tensor 1 while its copy runs (a second saved, on 1 byte) or
+    tensor 2's earlier prefetch (half a second, on 2 bytes): the hold wins, and the prefetch is
+    issued before step 4, the one step it can have. In the queue's order (prefetches first) the
+    prefetch takes step 3 and the free waits for the copy. With room for both, both."""
+    cum = np.arange(9.0)
+    gaps = [Gap((1, 0), a=2, b=7, delay=0, fetch=7, due=7, seconds=1.0, size=1),
+            Gap((2, 0), a=0, b=5, delay=0, fetch=5, due=5, seconds=1.5, size=2)]
+    reach = {(1, 0): (3, 6, 4.0, 6.0), (2, 0): (0, 3, 1.0, 3.5)}
+    curve = np.zeros(8)
+    assert extend(gaps, curve, 2, cum, reach) == {(1, 0): (1, 6), (2, 0): (0, 4)}
+    assert curve.tolist() == [0, 0, 0, 1, 2, 0, 1, 0] and curve.max() <= 2
+    assert extend(gaps, np.zeros(8), 2, cum, reach, by_saving=False) == {(1, 0): (0, 6), (2, 0): (0, 3)}
+    curve = np.zeros(8)
+    assert extend(gaps, curve, 3, cum, reach) == {(1, 0): (1, 6), (2, 0): (0, 3)}
+    assert curve.max() <= 3
 
 
 def test_prefetches_come_early_where_memory_is_free(resnet20):

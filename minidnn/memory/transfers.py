@@ -11,8 +11,10 @@ the simulator; the fastest that fits the budget is kept.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import defaultdict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,6 +103,106 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
     return better if better.arena_bytes <= limit else None
 
 
+class Gap(NamedTuple):
+    """An offloaded gap of a tensor between two touches: its key, the schedule steps of the touches
+    that open (``a``) and close (``b``) it, its offload's hold (schedule steps after ``a``), the step
+    its prefetch is issued before and the step it is due (a recomputation may read it before
+    ``b``), one copy's seconds and its arena bytes."""
+
+    key: tuple
+    a: int
+    b: int
+    delay: int
+    fetch: int
+    due: int
+    seconds: float
+    size: int
+
+
+def extend(gaps, curve, top, cum, reach, by_saving=True) -> dict:
+    """{key: (hold, the step its prefetch is issued before)} for each of ``gaps``: its hold and
+    its lead each extended as one stretch of schedule steps, as far as ``reach[key]`` = (the last
+    step its offload may be held through, the earliest step its prefetch may be issued before,
+    when its copy out ends, the latest its prefetch may start to arrive in time) asks, and each
+    only into steps where ``curve`` (the arena bytes held during each schedule step, updated in
+    place) stays at most ``top``: a stretch stops at the first step without room.
+
+    Where memory is tight, the order decides who gets the room:
+
+    - ``by_saving``: one step at a time, the step that saves the most stall per byte it holds
+      first, whichever copy and direction it belongs to (a hold's step saves the part of it
+      before the copy out ends: until then, the free waits for the copy; a lead's, the part of
+      it after the latest start that arrives in time). So every copy gets its first step before
+      any gets its second, as the exact reference spends tight memory;
+    - else the queue's order, whole stretches, prefetches from the last due, then holds from the
+      first released: a copy late on a queue delays every copy behind it, so the stall a step
+      saves is not its own alone."""
+    hold = {g.key: g.delay for g in gaps}
+    fetch = {g.key: g.fetch for g in gaps}
+    stretches = []                           # (gap, lead, its first step, the step after its last), in full
+    for n, g in enumerate(gaps):
+        last, first, end, start = reach[g.key]
+        lead_from = min(g.fetch, max(first, int(np.searchsorted(cum, start, side="right")) - 1, g.a + g.delay + 2))
+        hold_to = min(last, int(np.searchsorted(cum, end)) - 1, lead_from - 2)
+        if lead_from < g.fetch:
+            stretches.append((n, True, lead_from, g.fetch))
+        if g.a + g.delay < hold_to:
+            stretches.append((n, False, g.a + g.delay + 1, hold_to + 1))
+
+    def take(n, lead, i, k):                 # steps i..k-1 of a stretch, as far as they have room
+        g = gaps[n]
+        full = np.flatnonzero(curve[i:k] > top - g.size)
+        if lead:
+            i = i + int(full[-1]) + 1 if len(full) else i
+            fetch[g.key] = i
+        else:
+            k = i + int(full[0]) if len(full) else k
+            hold[g.key] = k - 1 - g.a
+        curve[i:k] += g.size
+        return len(full) == 0
+
+    if not by_saving:
+        for n, lead, i, k in sorted(stretches, key=lambda r: (0, -gaps[r[0]].due) if r[1] else (1, gaps[r[0]].a)):
+            take(n, lead, i, k)
+        return {g.key: (hold[g.key], fetch[g.key]) for g in gaps}
+    # a stretch whose steps all have room for every stretch in full competes with none: taken whole
+    total = curve.copy()
+    for n, lead, i, k in stretches:
+        total[i:k] += gaps[n].size
+    ends = {}
+    heap = []
+    for n, lead, i, k in stretches:
+        if total[i:k].max() <= top:
+            take(n, lead, i, k)
+            continue
+        ends[n, lead] = i if lead else k - 1   # its last step to take
+        j = k - 1 if lead else i
+        heap.append((-_saved(cum, reach[gaps[n].key], j, lead) / gaps[n].size, n, lead, j))
+    heapq.heapify(heap)
+    while heap:
+        _, n, lead, j = heapq.heappop(heap)
+        g = gaps[n]
+        if curve[j] > top - g.size:
+            continue                         # no room: this stretch stops here
+        curve[j] += g.size
+        if lead:
+            fetch[g.key] = j
+        else:
+            hold[g.key] += 1
+        if j != ends[n, lead]:
+            j += -1 if lead else 1
+            heapq.heappush(heap, (-_saved(cum, reach[g.key], j, lead) / g.size, n, lead, j))
+    return {g.key: (hold[g.key], fetch[g.key]) for g in gaps}
+
+
+def _saved(cum, reach, j, lead) -> float:
+    """The stall that holding a copy's buffer during schedule step ``j`` saves: for a lead, the part
+    of the step after the latest start that arrives in time; for a hold, the part before its copy
+    out ends (``reach``: as for extend())."""
+    _, _, end, start = reach
+    return cum[j + 1] - max(cum[j], start) if lead else min(cum[j + 1], end) - cum[j]
+
+
 def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     """``plan`` with its transfers retimed to overlap compute, or None where that does not fit.
 
@@ -115,7 +217,8 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
 
     Where holding a buffer longer or prefetching it earlier would lift the memory of its steps
     above the budget, it is held or prefetched only as far as the budget allows (the curve of
-    schedule steps, less a headroom for what placement adds); where the placed plan still exceeds
+    schedule steps, less a headroom for what placement adds; extend(): on the queue in its
+    order, each copy alone by the stall each step saves per byte); where the placed plan still exceeds
     ``limit``, the faster of two repairs: every extension kept twice the overshoot further
     below the room (only the buffers held where memory is tight give way) and a share of every
     extension, bisected for. The queued timing is tried
@@ -135,65 +238,60 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
         i = bisect.bisect_right(at, a)
         return min(b, at[i]) if i < len(at) else b
 
-    rows = []                            # (key, Evict, a, b, its prefetch's step, the step it is due, seconds, bytes)
+    gaps = []
     for k, ev in offloads:
         a, b = touch[k[0]][k[1]], touch[k[0]][k[1] + 1]
         lo = max(a + 1, b - ev.lead)
-        rows.append((k, ev, a, b, lo, min(lo, needed(k[0], a, b)),
-                     cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
-    by_release = sorted(rows, key=lambda r: r[2])                    # the offloads' order on the queue
-    by_due = sorted(rows, key=lambda r: -r[5])                        # the prefetches', last first
+        gaps.append(Gap(k, a, b, ev.delay, lo, min(lo, needed(k[0], a, b)),
+                        cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
+    by_release = sorted(gaps, key=lambda g: g.a)                     # the offloads' order on the queue
+    by_due = sorted(gaps, key=lambda g: -g.due)                      # the prefetches', last first
     # the plan's fragmentation headroom, and 1% of the limit for what placing the longer-held buffers adds
     room = limit - (plan.arena_bytes - int(base.max(initial=0))) - limit // 100
 
     def targets(queued):
-        """(hold by offload, the step each prefetch is issued before), unclamped by memory."""
-        delay, t_x = {}, 0.0
-        for k, ev, a, b, _, _, d, _ in by_release:
-            t_x = (max(cum[a + 1], t_x) if queued else cum[a + 1]) + d
-            delay[k] = max(ev.delay, min(int(np.searchsorted(cum, t_x)) - (a + 1), b - a - 2))
-        issue, nxt = {}, math.inf
-        for k, ev, a, b, _, due, d, _ in by_due:
-            nxt = (min(cum[due], nxt) if queued else cum[due]) - d
+        """{key: (the last step its offload is held through, the earliest step its prefetch is
+        issued before, when its copy out ends, the latest its prefetch may start to arrive in
+        time)}, unclamped by memory."""
+        out, t_x, nxt = {}, 0.0, math.inf
+        for g in by_release:
+            t_x = (max(cum[g.a + 1], t_x) if queued else cum[g.a + 1]) + g.seconds
+            out[g.key] = [g.a + max(g.delay, min(int(np.searchsorted(cum, t_x)) - (g.a + 1), g.b - g.a - 2)),
+                          None, t_x, None]
+        for g in by_due:
+            nxt = (min(cum[g.due], nxt) if queued else cum[g.due]) - g.seconds
             at = int(np.searchsorted(cum, nxt, side="right")) - 1
-            issue[k] = min(due, max(at, a + delay[k] + 2))
-        return delay, issue
+            r = out[g.key]
+            r[1], r[3] = min(g.due, max(at, r[0] + 2)), nxt
+        return out
 
-    def extended(delay, issue, share, headroom):
-        """The evictions with each hold and lead extended by ``share`` of the way to its target,
-        as far as the curve stays ``headroom`` below the room."""
-        curve, timed, top = base.copy(), {}, room - headroom
-        for k, ev, a, b, lo, due, d, size in by_due:
-            first = lo - math.ceil(share * (lo - issue[k]))
-            full = np.flatnonzero(curve[first:lo] > top - size)      # steps it cannot be added to
-            i = first + int(full[-1]) + 1 if len(full) else first
-            curve[i:lo] += size
-            timed[k] = b - i
-        for k, ev, a, b, _, _, d, size in by_release:
-            most = min(ev.delay + math.ceil(share * (delay[k] - ev.delay)), b - timed[k] - a - 2)
-            full = np.flatnonzero(curve[a + ev.delay + 1:a + most + 1] > top - size)
-            hold = max(ev.delay, ev.delay + int(full[0]) if len(full) else most)
-            curve[a + ev.delay + 1:a + hold + 1] += size
-            timed[k] = Evict("offload", delay=hold, lead=timed[k])
+    def extended(reach, queued, share, headroom):
+        """The evictions with their holds and leads extended by ``share`` of the way to ``reach``
+        (targets()), as memory allows (extend(), in the order of reach's timing)."""
+        reach = {g.key: (g.a + g.delay + math.ceil(share * (r[0] - g.a - g.delay)),
+                         g.fetch - math.ceil(share * (g.fetch - r[1])), r[2], r[3])
+                 for g in gaps for r in [reach[g.key]]}
+        timed = extend(gaps, base.copy(), room - headroom, cum, reach, by_saving=not queued)
         trial = dict(plan.evictions)
-        trial.update(timed)
+        trial.update((g.key, Evict("offload", delay=timed[g.key][0], lead=g.b - timed[g.key][1])) for g in gaps)
         return trial
 
-    def fitted(delay, issue):
+    def fitted(queued):
         """The fastest plan found that fits, or None: the extensions in full; where placement
         overshoots, both the full extensions held below the room by twice the overshoot (buffers
         held where memory is tight give way, the others keep their extension) and the largest
         share of every extension that fits (bisected)."""
-        trial = extended(delay, issue, 1.0, 0)
+        reach = targets(queued)
+        trial = extended(reach, queued, 1.0, 0)
         if trial == plan.evictions:
             return None
         first = plan_fn(trial)
         if first.arena_bytes <= limit:
             return first
-        held = plan_fn(extended(delay, issue, 1.0, 2 * (first.arena_bytes - limit)))
+        held = plan_fn(extended(reach, queued, 1.0, 2 * (first.arena_bytes - limit)))
         share, lo_share, hi_share, fit = 0.5, 0.0, 1.0, None
         for _ in range(tries - 1):
-            trial = extended(delay, issue, share, 0)
+            trial = extended(reach, queued, share, 0)
             if trial == plan.evictions:
                 break
             better = plan_fn(trial)
@@ -204,10 +302,10 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
             share = (lo_share + hi_share) / 2
         return fastest(fit, held if held.arena_bytes <= limit else None)
 
-    queued = fitted(*targets(queued=True))
-    if queued is not None and not stalls(queued):
-        return queued
-    return fastest(queued, fitted(*targets(queued=False)))
+    on_queue = fitted(queued=True)
+    if on_queue is not None and not stalls(on_queue):
+        return on_queue
+    return fastest(on_queue, fitted(queued=False))
 
 
 def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):
