@@ -10,7 +10,11 @@ ideal) in 12 GB at -18% speed; moDNN reports +3% at 12 GB. For networks
 without BatchNorm, where a split step means the same, a cell also gives the
 fastest split into sub-batches (``MemoryConfig(sub_batching="fastest")``)
 when the simulator predicts it faster than evicting: k x b: peak (overhead
-against the unsplit step with unlimited memory). ``--deepest`` also
+against the unsplit step with unlimited memory). The tight table (50% and 25%
+of each liveness peak) gives beside each plan the bound under every plan's
+step time there (``memory.bound.step_time_floor``: what must leave the device
+at the highest steps, by recomputation or by copies the stream has time for).
+``--deepest`` also
 searches the deepest ResNet (batch 16, 224x224) whose plan fits 12 GiB
 (SuperNeurons reports ResNet-2500 on 12 GB). It also times the planner on
 ResNet-1001 (batch 16) and prints VGG-16's memory floor at batch 256 (ideal
@@ -28,6 +32,8 @@ import numpy as np
 
 from minidnn import MemoryBudgetError, models, nn, optim
 from minidnn.memory import MemoryConfig, format_bytes, parse_bytes, plan_memory
+from minidnn.memory.bound import step_time_floor
+from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.planner import minimum_bytes
 from minidnn.memory.subbatch import plan_sub_batches
 from minidnn.report import shapes_only, sub_batch_schedules, training_schedule
@@ -44,7 +50,7 @@ def gib(n):
     return f"{n / 2**30:.2f}"
 
 
-def row(name, batch, profiles, budgets):
+def row(name, batch, profiles, budgets, bound=False):
     with shapes_only():
         net = models.get(name)
     shape = (batch, 3, 224, 224)
@@ -77,7 +83,8 @@ def row(name, batch, profiles, budgets):
                 continue
             base = plan
             over = plan.predicted_overhead or 0.0
-            cell = f"{gib(plan.peak_bytes)} ({over * 100:+.1f}%)"
+            least = f", bound {step_time_floor(sched, b, CachedCost(ProfileCost(prof))).overhead * 100:+.1f}%" if bound else ""
+            cell = f"{gib(plan.peak_bytes)} ({over * 100:+.1f}%{least})"
             if split is not None and over > 0:
                 sub = plan_sub_batches(batch, split, config)
                 if sub.predicted_seconds < plan.predicted_seconds:
@@ -149,13 +156,14 @@ def train_below_minimum(batch=32, steps=6):
               f"(<= budget: {t.measured_peak_bytes <= budget}), {time.perf_counter() - t0:.2f} s")
 
 
-def table(cases, profiles, budgets, heads):
-    """One markdown table: a row per (network, batch) of ``cases``, a cell per profile and budget."""
+def table(cases, profiles, budgets, heads, bound=False):
+    """One markdown table: a row per (network, batch) of ``cases``, a cell per profile and budget
+    (``bound``: with the floor under every plan's step time there, memory/bound.py)."""
     print("| network | batch | ideal | liveness peak | lower bound | " + " | ".join(heads) + " |")
     print("|---" * (5 + len(heads)) + "|")
     t0 = time.perf_counter()
     for name, batch in cases:
-        print(row(name, batch, profiles, budgets), flush=True)
+        print(row(name, batch, profiles, budgets, bound), flush=True)
     print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
 
 
@@ -174,8 +182,9 @@ def main():
     table(CASES, profiles, budgets, [f"{p} @ {format_bytes(b)}" for p in profiles for b in budgets])
     tight = args.tight_profiles.split(",")
     fractions = [float(f.strip("%")) / 100 for f in args.fractions.split(",")]
-    print("\nat a fraction of the liveness peak (targets: at most +3% at 50%, +33% at 25%)")
-    table(TIGHT, tight, fractions, [f"{p} @ {f:.0%}" for p in tight for f in fractions])
+    print("\nat a fraction of the liveness peak (targets: at most +3% at 50%, +33% at 25%); bound: the least "
+          "any plan can take there (memory/bound.py)")
+    table(TIGHT, tight, fractions, [f"{p} @ {f:.0%}" for p in tight for f in fractions], bound=True)
     with shapes_only():
         net = models.get("resnet_deep", depth=1001)
     _, sched = training_schedule(net, (16, 3, 224, 224))

@@ -1,0 +1,176 @@
+"""A lower bound on the step time of every plan within a budget, from the steps where memory peaks.
+
+At a schedule step ``s`` the unlimited program holds ``curve[s]`` arena bytes. Within an arena
+limit, ``s`` may run a slower algorithm with a smaller workspace (for the difference in seconds),
+and the gaps that span ``s`` (program.py's words: a tensor between two touches) must give up the
+rest of ``curve[s] - limit``, each either
+
+- *dropped*, and restored by its chain after ``s``, before the touch that closes the gap: at least
+  the seconds of the chain the lowering runs for it alone (``program.recompute_seconds``; a
+  producer with several such outputs runs once for all of them, so its chain is shared among
+  them), or
+- *offloaded*: its copy out done before ``s`` starts, and its prefetch, issued once ``s`` is over,
+  done before the touch that closes the gap. The copy stream is one queue: the copies out
+  released at or after step ``a`` take at most the compute time from ``a`` to ``s``, and the
+  prefetches due by step ``e`` at most the time from ``s`` to ``e``, each plus what the plan adds
+  in that window (its stalls, slower algorithms and recomputations).
+
+A gap that is off the device at one step it spans may be back at another (a prefetch issued early,
+a chain that restores it sooner), so each step frees its own share; a gap dropped at any step is
+recomputed once at least. So the time any plan adds to the unlimited step is at least every
+recomputation and slower algorithm it runs, and, at each step, what it adds before the step, at
+it and after it. The linear relaxation of these choices over the ``peaks`` highest
+steps of the curve (HiGHS, by scipy's ``linprog``) gives the least such time: a floor under the
+predicted step time of every plan, whatever it evicts and however it times its copies. It leaves
+out placement, the copies' holds and leads, and the other steps, so the best plan may be slower
+than the floor; a plan at the floor is optimal.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
+
+from ..schedule import aligned
+from .planner import algorithm_options, fastest
+from .program import lower, recompute_seconds, touches
+from .simulator import memory_curve
+from .transfers import schedule_groups
+
+
+@dataclass(frozen=True)
+class Floor:
+    """``seconds``: the least predicted step time of any plan within the budget (inf: none fits);
+    ``baseline``: the unlimited step's; ``step``: the schedule step whose peak sets it (None where
+    no step is over the limit)."""
+
+    seconds: float
+    baseline: float
+    step: int = None
+
+    @property
+    def overhead(self) -> float:
+        """The floor over the unlimited step, minus one."""
+        return self.seconds / self.baseline - 1
+
+
+def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
+    """The :class:`Floor` of ``schedule`` within ``budget`` bytes on ``cost``: the largest of the
+    bounds at the ``peaks`` highest steps of the unlimited curve (module docstring)."""
+    touch = touches(schedule)
+    options = algorithm_options(schedule, cost)
+    quick = fastest(options)
+    secs = np.array([cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps])
+    baseline = float(secs.sum())
+    program = lower(schedule, {}, touch, quick)
+    n = len(schedule.steps)
+    curve = np.zeros(n, np.int64)
+    np.maximum.at(curve, schedule_groups(program, n), memory_curve(program))
+    limit = budget - schedule.persistent_bytes
+    start = np.concatenate([[0.0], np.cumsum(secs)])         # start[i]: when step i starts, unlimited
+    producer = {t: s for s in schedule.steps if s.kind == "forward" for t in s.outs}
+    gaps = [(t, ts[g], ts[g + 1]) for t, ts in touch.items() for g in range(len(ts) - 1)]
+    opens = np.array([a for _, a, _ in gaps])
+    closes = np.array([b for _, _, b in gaps])
+    nbytes = np.array([int(schedule.tensor_bytes[t]) for t, _, _ in gaps], np.float64)
+    copy = np.array([cost.transfer_seconds(schedule.tensors[t].nbytes) for t, _, _ in gaps])
+    redo = np.array([recompute_seconds(t, b, touch, producer, secs) for t, _, b in gaps])
+    tops = [int(s) for s in np.argsort(-curve, kind="stable")[:peaks] if curve[s] > limit]
+    if not tops:
+        return Floor(baseline, baseline)
+    spans = {s: np.flatnonzero((opens < s) & (s < closes)) for s in tops}
+    union = sorted(set().union(*map(set, spans.values())))
+    # a producer run once restores all its outputs: its chain is shared among their gaps
+    outputs = Counter(id(producer.get(gaps[i][0])) for i in {gaps[i][0]: i for i in union}.values())
+    rows = _Rows()
+    total = rows.variable()                  # the time the plan adds to the unlimited step
+    charged = {}                             # variable -> the seconds it adds for certain
+    dropped = {}                             # gap -> whether it is ever dropped
+    for i in union:
+        if math.isfinite(redo[i]):
+            dropped[i] = rows.variable(upper=1.0)
+            charged[dropped[i]] = redo[i] / outputs[id(producer.get(gaps[i][0]))]
+    for s in tops:
+        span = spans[s]
+        # a gap may be off the device at some of the steps it spans and not at others (a prefetch
+        # issued early, a chain that restores it sooner): what it frees at s is s's own choice
+        drop = {i: rows.variable(upper=1.0) for i in span if i in dropped}
+        off = {i: rows.variable(upper=1.0) for i in span}
+        for i in span:
+            rows.add({off[i]: 1.0, **({drop[i]: 1.0} if i in drop else {})}, 1.0)
+            if i in drop:
+                rows.add({drop[i]: 1.0, dropped[i]: -1.0}, 0.0)
+        before, after = rows.variable(), rows.variable()  # what the plan adds before s; after it, besides
+                                                          # recomputing what s frees
+        opts = options.get(s, [])
+        slower = [(rows.variable(upper=1.0), aligned(opts[0][1].workspace) - aligned(algo.workspace), t - opts[0][0])
+                  for t, algo in opts[1:] if aligned(algo.workspace) < aligned(opts[0][1].workspace)]
+        if slower:
+            rows.add({y: 1.0 for y, _, _ in slower}, 1.0)  # s runs one algorithm
+        charged.update((y, lost) for y, _, lost in slower)
+        # the bytes freed at s cover what it holds over the limit
+        rows.add({**{drop[i]: -nbytes[i] for i in drop}, **{off[i]: -nbytes[i] for i in span},
+                  **{y: -freed for y, freed, _ in slower}}, -(int(curve[s]) - limit))
+        # the copies out released from step a on are done before s starts; the prefetches due by
+        # step e, issued once s is over, arrive before e starts: each window as long as the
+        # unlimited step's, plus what the plan adds in it (the recomputations of what s frees run
+        # after s: the prefetches may have their time too)
+        offs, xs = np.array([off[i] for i in span]), copy[span]
+        releases = np.unique(opens[span])
+        rows.add_many(opens[span][None, :] >= releases[:, None], offs, xs, {before: -1.0},
+                      start[s] - start[releases + 1])
+        redone = {drop[i]: charged[dropped[i]] for i in drop}
+        dues = np.unique(closes[span])
+        rows.add_many(closes[span][None, :] <= dues[:, None], offs, xs,
+                      {**{d: -r for d, r in redone.items()}, after: -1.0}, start[dues] - start[s + 1])
+        # the time added before s, at s (its algorithm) and after s (those recomputations, and the rest)
+        # are apart
+        rows.add({before: 1.0, after: 1.0, **redone, **{y: lost for y, _, lost in slower}, total: -1.0}, 0.0)
+    rows.add({**charged, total: -1.0}, 0.0)             # every recomputation and slower algorithm
+    return Floor(baseline + rows.minimize(total), baseline, tops[0])
+
+
+class _Rows:
+    """A linear program built row by row: variables (non-negative, with optional upper bounds) and
+    rows ``sum(coefficient * variable) <= bound``, solved by HiGHS."""
+
+    def __init__(self):
+        self.upper, self.bounds = [], []
+        self.rows, self.cols, self.coefs = [], [], []        # arrays of entries
+
+    def variable(self, upper=None) -> int:
+        self.upper.append(upper)
+        return len(self.upper) - 1
+
+    def add(self, coefficients: dict, bound: float):
+        self.add_many(np.zeros((1, 0), bool), np.zeros(0, int), np.zeros(0), coefficients, [bound])
+
+    def add_many(self, mask, variables, coefficients, common: dict, bounds):
+        """A row per row of ``mask``: ``coefficients[j] * variables[j]`` where ``mask[r, j]``, plus
+        ``common`` (variable -> coefficient) in every row, at most ``bounds[r]``."""
+        first = len(self.bounds)
+        r, j = np.nonzero(mask)
+        extra = np.array(list(common), int)
+        n = len(mask)
+        self.rows += [first + r, first + np.repeat(np.arange(n), len(extra))]
+        self.cols += [variables[j], np.tile(extra, n)]
+        self.coefs += [coefficients[j], np.tile(np.array(list(common.values()), np.float64), n)]
+        self.bounds += list(bounds)
+
+    def minimize(self, v) -> float:
+        """The least value of variable ``v``; inf where no point meets every row."""
+        a = sparse.csr_matrix((np.concatenate(self.coefs), (np.concatenate(self.rows), np.concatenate(self.cols))),
+                              shape=(len(self.bounds), len(self.upper)))
+        objective = np.zeros(len(self.upper))
+        objective[v] = 1.0
+        res = linprog(objective, A_ub=a, b_ub=np.array(self.bounds), bounds=[(0, u) for u in self.upper],
+                      method="highs")
+        if res.status == 2:
+            return math.inf
+        if res.status != 0:
+            raise RuntimeError(f"the floor's linear program did not solve: {res.message}")
+        return float(res.fun)

@@ -1,0 +1,118 @@
+"""The floor under every plan's step time (memory/bound.py): no plan the planner makes, no trial of
+its search and no solution of the exact reference is predicted faster than it; it is above the
+unlimited step where a budget forces evictions, and infinite where no plan can fit."""
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minidnn import models, nn, optim
+from minidnn.autograd import build_schedule
+from minidnn.errors import MemoryBudgetError
+from minidnn.graph import trace
+from minidnn.memory import MemoryConfig, plan_memory
+from minidnn.memory.bound import step_time_floor
+from minidnn.memory.costmodel import CachedCost, ProfileCost
+from minidnn.memory.optimal import solve_reference
+from minidnn.models.random_dag import RandomDag, random_spec
+
+from test_dag_property import SHAPE, dags
+
+import numpy as np
+
+FRACTIONS = (0.8, 0.6, 0.4)
+
+
+def budgets(sched, cost, profile):
+    """Budgets at FRACTIONS of the liveness peak's arena above the persistent bytes."""
+    unlimited = plan_memory(sched, MemoryConfig(profile=profile), cost)
+    persistent = sched.persistent_bytes
+    return unlimited, [int(persistent + f * (unlimited.peak_bytes - persistent)) for f in FRACTIONS]
+
+
+def check_floor(sched, profile):
+    """Every plan within each budget, and every trial of its search that fits, takes at least the
+    floor; the floor's baseline is the unlimited plan's step. The number of budgets with a floor
+    above the unlimited step."""
+    cost = CachedCost(ProfileCost(profile))
+    unlimited, limits = budgets(sched, cost, profile)
+    raised = 0
+    for budget in limits:
+        floor = step_time_floor(sched, budget, cost)
+        assert floor.baseline == pytest.approx(unlimited.simulation.seconds, rel=1e-9)
+        try:
+            plan = plan_memory(sched, MemoryConfig(budget=budget, profile=profile), cost)
+        except MemoryBudgetError:
+            continue
+        assert plan.simulation.seconds >= floor.seconds * (1 - 1e-9)
+        limit = budget - sched.persistent_bytes
+        for trial in plan.log:
+            if trial.bytes is not None and trial.bytes <= limit and trial.seconds is not None:
+                assert trial.seconds >= floor.seconds * (1 - 1e-9), trial
+        raised += floor.seconds > floor.baseline * (1 + 1e-9)
+    return raised
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=dags(max_nodes=10), profile=st.sampled_from(["cpu-2core", "titanx-12gb", "a100-40gb"]))
+def test_no_plan_of_a_random_dag_beats_the_floor(spec, profile):
+    check_floor(build_schedule(trace(RandomDag(spec), SHAPE, loss=nn.CrossEntropyLoss())), profile)
+
+
+@pytest.mark.parametrize("name, raised", [("resnet20", 0), ("densenet_small", 1)])
+def test_no_plan_of_the_model_zoo_beats_the_floor(name, raised):
+    """(At batch 4 the copies are short beside the forward: the floor stays at the unlimited step
+    for ResNet-20, and rises only at 40% for the small DenseNet.)"""
+    g = trace(models.get(name), (4, 3, 32, 32), loss=nn.CrossEntropyLoss())
+    sched = build_schedule(g, optimizer=optim.SGD(lr=0.05, momentum=0.9))
+    assert check_floor(sched, "v100-16gb") == raised
+
+
+def test_the_floor_rises_where_the_forward_cannot_carry_the_copies():
+    """ResNet-50 b256 at half its liveness peak on the V100 profile: the forward's copy stream
+    carries a third of what must leave the device by the backward, so the rest is recomputed;
+    the floor is over 2% above the unlimited step, and the planner's plan takes at least it."""
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        sched = training_schedule(models.get("resnet50"), (256, 3, 224, 224))[1]
+    cost = CachedCost(ProfileCost("v100-16gb"))
+    budget = MemoryConfig(budget=0.5).resolve(plan_memory(sched, MemoryConfig(profile="v100-16gb"),
+                                                          cost).liveness_peak_bytes)
+    floor = step_time_floor(sched, budget, cost)
+    assert floor.overhead > 0.02
+    plan = plan_memory(sched, MemoryConfig(budget=budget, profile="v100-16gb"), cost)
+    assert plan.simulation.seconds >= floor.seconds
+
+
+@pytest.mark.parametrize("fraction", [0.6, 0.4])
+def test_the_exact_optimum_is_not_below_the_floor(fraction):
+    """A 16-node random DAG, where the MILP proves its plan optimal: that plan (lowered, placed and
+    replayed like every plan) takes at least the floor, and the floor is above the unlimited step."""
+    sched = build_schedule(trace(RandomDag(random_spec(np.random.default_rng(0), 16)), SHAPE,
+                                 loss=nn.CrossEntropyLoss()),
+                           optimizer=optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
+    cost = CachedCost(ProfileCost("v100-16gb"))
+    unlimited = plan_memory(sched, MemoryConfig(profile="v100-16gb"), cost)
+    persistent = sched.persistent_bytes
+    budget = int(persistent + fraction * (unlimited.peak_bytes - persistent))
+    floor = step_time_floor(sched, budget, cost)
+    assert floor.seconds > floor.baseline
+    ref = solve_reference(sched, budget, cost, MemoryConfig(profile="v100-16gb"), time_limit=20)
+    assert ref.solution.status == "Optimal"
+    assert ref.solution.objective >= floor.seconds * (1 - 1e-6)
+    if ref.milp is not None and ref.milp.simulation is not None:
+        assert ref.milp.simulation.seconds >= floor.seconds * (1 - 1e-9)
+
+
+def test_the_floor_is_infinite_where_no_plan_fits():
+    """One byte of arena: nothing frees the bytes a step's own inputs need, so there is no floor, and
+    the planner finds no plan either."""
+    g = trace(models.get("resnet20"), (4, 3, 32, 32), loss=nn.CrossEntropyLoss())
+    sched = build_schedule(g)
+    cost = CachedCost(ProfileCost("v100-16gb"))
+    budget = sched.persistent_bytes + 1
+    floor = step_time_floor(sched, budget, cost)
+    assert math.isinf(floor.seconds) and floor.step is not None
+    with pytest.raises(MemoryBudgetError):
+        plan_memory(sched, MemoryConfig(budget=budget, profile="v100-16gb"), cost)
