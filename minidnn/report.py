@@ -11,6 +11,8 @@ import contextlib
 
 from .errors import MinidnnError
 from .memory import MemoryConfig, format_bytes, get_profile, plan_memory
+from .memory.bound import step_time_floor
+from .memory.costmodel import CachedCost, ProfileCost
 from .memory.subbatch import plan_step
 from .training import build_model
 
@@ -140,10 +142,19 @@ def _algorithm_changes(plan):
     return getattr(plan, "algorithm_changes", None) or {}
 
 
+def step_floor(plan, profile):
+    """The floor under every whole-step plan's time within ``plan``'s budget (memory.bound), or None
+    where the plan is unbudgeted, splits the step (a split step is another schedule) or adds nothing."""
+    if plan.budget is None or plan.k > 1 or not plan.predicted_overhead:
+        return None
+    return step_time_floor(plan.schedule, plan.budget, CachedCost(ProfileCost(get_profile(profile))))
+
+
 def plan_dict(plan, name, shape, profile, policy="auto"):
     """Everything ``minidnn plan --json`` prints: byte figures, decisions and the prediction."""
     sim, base = plan.simulation, plan.baseline or plan.simulation
     over = plan.predicted_overhead
+    floor = step_floor(plan, profile)
     return {
         "model": name, "input_shape": list(shape), "profile": get_profile(profile).name, "policy": policy,
         "planner": plan.policy,
@@ -162,7 +173,9 @@ def plan_dict(plan, name, shape, profile, policy="auto"):
             "overhead": float(over) if over is not None else 0.0,
             "compute_seconds": float(sim.compute_seconds), "recompute_seconds": float(sim.recompute_seconds),
             "copy_seconds": float(sim.copy_seconds), "stall_seconds": float(sim.stall_seconds),
-            "offload_bytes": int(sim.offload_bytes), "prefetch_bytes": int(sim.prefetch_bytes)},
+            "offload_bytes": int(sim.offload_bytes), "prefetch_bytes": int(sim.prefetch_bytes),
+            # no whole-step plan within the budget is predicted faster (None: not computed, see step_floor)
+            "floor_seconds": float(floor.seconds) if floor is not None else None},
     }
 
 
@@ -191,6 +204,11 @@ def plan_text(plan, name, shape, profile, policy="auto"):
     over = plan.predicted_overhead or 0.0
     lines.append(f"predicted step time {sim.seconds * 1e3:.2f} ms; with unlimited memory {base.seconds * 1e3:.2f} ms;"
                  f" overhead {over * 100:+.1f}%")
+    floor = step_floor(plan, profile)
+    if floor is not None:
+        lines.append(f"no plan within this budget is predicted faster than {floor.seconds * 1e3:.2f} ms "
+                     f"({floor.overhead * 100:+.1f}%: what must leave the device at its highest steps, "
+                     f"recomputed or copied in the time there is)")
     return "\n".join(lines)
 
 

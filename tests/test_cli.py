@@ -107,7 +107,7 @@ def test_plan_prints_figures_decisions_and_prediction(capsys):
     rc, out, err = run(capsys, "plan", "--model", "resnet20", "--batch-size", 64, "--budget", "0.6")
     assert rc == 0, err
     for word in ("ideal", "liveness peak", "lower bound", "plan peak", "evicted tensors", "predicted step time",
-                 "overhead"):
+                 "overhead", "no plan within this budget is predicted faster than"):
         assert word in out
     rc, out, err = run(capsys, "plan", "--model", "resnet20", "--batch-size", 64, "--budget", "0.6", "--json")
     assert rc == 0, err
@@ -116,6 +116,9 @@ def test_plan_prints_figures_decisions_and_prediction(capsys):
     assert d["lower_bound_bytes"] <= d["peak_bytes"]
     assert d["decisions"] and {x["decision"] for x in d["decisions"]} <= {"offload", "recompute"}
     assert d["prediction"]["step_seconds"] >= d["prediction"]["unlimited_memory_seconds"] > 0
+    # the floor under every plan within the budget (memory/bound.py): between the two
+    assert d["prediction"]["unlimited_memory_seconds"] <= d["prediction"]["floor_seconds"] \
+        <= d["prediction"]["step_seconds"]
     assert d["profile"] == "titanx-12gb"
 
 
