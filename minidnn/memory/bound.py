@@ -6,9 +6,9 @@ and the gaps that span ``s`` (program.py's words: a tensor between two touches) 
 rest of ``curve[s] - limit``, each either
 
 - *dropped*, and restored by its chain after ``s``, before the touch that closes the gap: at least
-  the seconds of the chain the lowering runs for it alone (``program.recompute_seconds``; a
-  producer with several such outputs runs once for all of them, so its chain is shared among
-  them), or
+  the seconds of the chain the lowering runs for it alone (``program.recompute_seconds``; one run
+  of a producer may restore all its outputs, so a producer is charged once, at the least of its
+  outputs' chains), or
 - *offloaded*: its copy out done before ``s`` starts, and its prefetch, issued once ``s`` is over,
   done before the touch that closes the gap. The copy stream is one queue: the copies out
   released at or after step ``a`` take at most the compute time from ``a`` to ``s``, and the
@@ -28,7 +28,6 @@ than the floor; a plan at the floor is optimal.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,16 +83,20 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
         return Floor(baseline, baseline)
     spans = {s: np.flatnonzero((opens < s) & (s < closes)) for s in tops}
     union = sorted(set().union(*map(set, spans.values())))
-    # a producer run once restores all its outputs: its chain is shared among their gaps
-    outputs = Counter(id(producer.get(gaps[i][0])) for i in {gaps[i][0]: i for i in union}.values())
     rows = _Rows()
     total = rows.variable()                  # the time the plan adds to the unlimited step
     charged = {}                             # variable -> the seconds it adds for certain
-    dropped = {}                             # gap -> whether it is ever dropped
+    # a gap dropped at any step is restored once at least; one run of a producer restores all its
+    # outputs, so its chain is charged once, at the least of its outputs' chains
+    dropped, runs = {}, {}
     for i in union:
         if math.isfinite(redo[i]):
-            dropped[i] = rows.variable(upper=1.0)
-            charged[dropped[i]] = redo[i] / outputs[id(producer.get(gaps[i][0]))]
+            src = producer[gaps[i][0]]
+            if src.index not in runs:
+                runs[src.index] = rows.variable(upper=1.0)
+            dropped[i] = runs[src.index]
+            ran = runs[src.index]
+            charged[ran] = min(charged.get(ran, math.inf), redo[i])
     for s in tops:
         span = spans[s]
         # a gap may be off the device at some of the steps it spans and not at others (a prefetch
@@ -123,7 +126,13 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
         releases = np.unique(opens[span])
         rows.add_many(opens[span][None, :] >= releases[:, None], offs, xs, {before: -1.0},
                       start[s] - start[releases + 1])
-        redone = {drop[i]: charged[dropped[i]] for i in drop}
+        redone = {}                          # a run of each producer that restores what s frees
+        for i in drop:
+            ran = dropped[i]
+            if ran not in redone:
+                redone[ran] = rows.variable(upper=1.0), charged[ran]
+            rows.add({drop[i]: 1.0, redone[ran][0]: -1.0}, 0.0)
+        redone = dict(redone.values())
         dues = np.unique(closes[span])
         rows.add_many(closes[span][None, :] <= dues[:, None], offs, xs,
                       {**{d: -r for d, r in redone.items()}, after: -1.0}, start[dues] - start[s + 1])
