@@ -51,6 +51,14 @@ def schedule_groups(program, n):
     return np.array(group, np.int64)
 
 
+def step_curve(program, n, group=None) -> np.ndarray:
+    """The most arena bytes ``program`` holds during each of the schedule's ``n`` steps (``group``:
+    schedule_groups(program, n), where the caller has it)."""
+    curve = np.zeros(n, np.int64)
+    np.maximum.at(curve, schedule_groups(program, n) if group is None else group, memory_curve(program))
+    return curve
+
+
 def timeline(plan, schedule):
     """(start time of each schedule step and the end of the last, as an array of n + 1; the most
     arena bytes held during each schedule step; the schedule step of each program step) of ``plan``,
@@ -59,9 +67,7 @@ def timeline(plan, schedule):
     group = schedule_groups(program, n)
     secs = np.zeros(n)
     np.add.at(secs, group, plan.simulation.costs)
-    curve = np.zeros(n, np.int64)
-    np.maximum.at(curve, group, memory_curve(program))
-    return np.concatenate([[0.0], np.cumsum(secs)]), curve, group
+    return np.concatenate([[0.0], np.cumsum(secs)]), step_curve(program, n, group), group
 
 
 def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0, chains=False):
@@ -159,7 +165,6 @@ def extend(gaps, curve, top, cum, reach, by_saving=True) -> dict:
             k = i + int(full[0]) if len(full) else k
             hold[g.key] = k - 1 - g.a
         curve[i:k] += g.size
-        return len(full) == 0
 
     if not by_saving:
         for n, lead, i, k in sorted(stretches, key=lambda r: (0, -gaps[r[0]].due) if r[1] else (1, gaps[r[0]].a)):
