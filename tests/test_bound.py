@@ -116,3 +116,11 @@ def test_the_floor_is_infinite_where_no_plan_fits():
     assert math.isinf(floor.seconds) and floor.step is not None
     with pytest.raises(MemoryBudgetError):
         plan_memory(sched, MemoryConfig(budget=budget, profile="v100-16gb"), cost)
+
+
+@pytest.mark.parametrize("budget", [None, "50%", 0.5, -1, 0, True])
+def test_a_budget_that_is_not_bytes_is_refused_by_name(budget):
+    from minidnn.errors import ConfigError
+    sched = build_schedule(trace(models.get("resnet20"), (4, 3, 32, 32), loss=nn.CrossEntropyLoss()))
+    with pytest.raises(ConfigError, match="budget in bytes"):
+        step_time_floor(sched, budget, CachedCost(ProfileCost("v100-16gb")))

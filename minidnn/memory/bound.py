@@ -34,18 +34,18 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
+from ..errors import ConfigError
 from ..schedule import aligned
 from .planner import algorithm_options, fastest
 from .program import lower, recompute_seconds, touches
-from .simulator import memory_curve
-from .transfers import schedule_groups
+from .transfers import step_curve
 
 
 @dataclass(frozen=True)
 class Floor:
     """``seconds``: the least predicted step time of any plan within the budget (inf: none fits);
-    ``baseline``: the unlimited step's; ``step``: the schedule step whose peak sets it (None where
-    no step is over the limit)."""
+    ``baseline``: the unlimited step's; ``step``: the highest step of the unlimited curve (None
+    where no step is over the limit)."""
 
     seconds: float
     baseline: float
@@ -59,16 +59,17 @@ class Floor:
 
 def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     """The :class:`Floor` of ``schedule`` within ``budget`` bytes on ``cost``: the largest of the
-    bounds at the ``peaks`` highest steps of the unlimited curve (module docstring)."""
+    bounds at the ``peaks`` highest steps of the unlimited curve (module docstring). ``budget``: bytes,
+    as ``MemoryConfig(budget=...).resolve(liveness peak)`` gives them."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget <= 0:
+        raise ConfigError(f"step_time_floor takes a budget in bytes (an int above 0), not {budget!r}: "
+                          f"MemoryConfig(budget=...).resolve(liveness_peak_bytes) gives one")
     touch = touches(schedule)
     options = algorithm_options(schedule, cost)
     quick = fastest(options)
     secs = np.array([cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps])
     baseline = float(secs.sum())
-    program = lower(schedule, {}, touch, quick)
-    n = len(schedule.steps)
-    curve = np.zeros(n, np.int64)
-    np.maximum.at(curve, schedule_groups(program, n), memory_curve(program))
+    curve = step_curve(lower(schedule, {}, touch, quick), len(schedule.steps))
     limit = budget - schedule.persistent_bytes
     start = np.concatenate([[0.0], np.cumsum(secs)])         # start[i]: when step i starts, unlimited
     producer = {t: s for s in schedule.steps if s.kind == "forward" for t in s.outs}
