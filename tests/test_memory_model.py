@@ -16,8 +16,8 @@ from minidnn.graph import trace
 from minidnn.memory import ProfileCost
 from minidnn.memory.greedy import Greedy
 from minidnn.memory.planner import algorithm_options, fastest
-from minidnn.memory.program import lower, touches
-from minidnn.memory.simulator import memory_curve
+from minidnn.memory.program import Evict, lower, recompute_seconds, touches
+from minidnn.memory.simulator import memory_curve, simulate
 from minidnn.memory.transfers import schedule_groups
 
 from test_dag_property import SHAPE, RandomDag, dags
@@ -87,3 +87,41 @@ def test_the_copy_stream_by_direction_plans_on_the_same_curve():
     g = trace(models.get("resnet20"), (8, 3, 32, 32), loss=nn.CrossEntropyLoss())
     sched = build_schedule(g, optimizer=optim.SGD(lr=0.05, momentum=0.9))
     assert check_exact(sched, "titanx-12gb", copy_windows=True) >= 3
+
+
+def check_recompute_estimates(sched, profile):
+    """Every finite ``recompute_seconds`` of a gap that closes in the backward equals the seconds
+    of the recomputations its lowering runs, that gap alone evicted; the number of those
+    lowerings that fuse a chain."""
+    cost = ProfileCost(profile)
+    touch = touches(sched)
+    producer = {t: s for s in sched.steps if s.kind == "forward" for t in s.outs}
+    secs = [cost.step_seconds(sched, s) for s in sched.steps]
+    last_forward = max(s.index for s in sched.steps if s.kind == "forward")
+    fused = 0
+    for t, ts in touch.items():
+        for g in range(len(ts) - 1):
+            if t not in producer or ts[g + 1] <= last_forward:
+                continue
+            estimate = recompute_seconds(t, ts[g + 1], touch, producer, secs, sched.tensors)
+            if estimate == float("inf"):
+                continue
+            program = lower(sched, {(t, g): Evict("recompute")}, touch)
+            assert estimate == pytest.approx(simulate(program, sched, cost).recompute_seconds, rel=1e-9), \
+                sched.tensors[t].name
+            fused += any(s.kind == "recompute" and "+" in s.label for s in program.steps)
+    return fused
+
+
+@pytest.mark.parametrize("name", ["resnet20", "densenet_small"])
+def test_a_recomputations_estimate_is_the_chain_its_lowering_runs(name):
+    """The estimate the greedy ranks by, the trades and the floor charge: with the lowering's
+    fusion (ResNet-20's BatchNorm, add and ReLU are one pass, not three)."""
+    g = trace(models.get(name), (4, 3, 32, 32), loss=nn.CrossEntropyLoss())
+    assert check_recompute_estimates(build_schedule(g), "v100-16gb") >= 6     # fused chains were checked
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=dags(max_nodes=10), profile=st.sampled_from(["cpu-2core", "a100-40gb"]))
+def test_random_dag_recompute_estimates_are_the_lowered_chains(spec, profile):
+    check_recompute_estimates(build_schedule(trace(RandomDag(spec), SHAPE, loss=nn.CrossEntropyLoss())), profile)

@@ -78,7 +78,7 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     closes = np.array([b for _, _, b in gaps])
     nbytes = np.array([int(schedule.tensor_bytes[t]) for t, _, _ in gaps], np.float64)
     copy = np.array([cost.transfer_seconds(schedule.tensors[t].nbytes) for t, _, _ in gaps])
-    redo = np.array([recompute_seconds(t, b, touch, producer, secs) for t, _, b in gaps])
+    redo = np.array([recompute_seconds(t, b, touch, producer, secs, schedule.tensors) for t, _, b in gaps])
     tops = [int(s) for s in np.argsort(-curve, kind="stable")[:peaks] if curve[s] > limit]
     if not tops:
         return Floor(baseline, baseline)

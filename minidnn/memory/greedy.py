@@ -121,7 +121,7 @@ class Greedy:
                 if b - a < 2:
                     continue
                 x = cost.transfer_seconds(tensors[t].nbytes) if allow_offload else np.inf
-                rc = (recompute_seconds(t, b, touch, self.producer, self.secs)
+                rc = (recompute_seconds(t, b, touch, self.producer, self.secs, tensors)
                       if allow_recompute and b > last_forward and t in self.producer else np.inf)
                 if math.isinf(x) and math.isinf(rc):
                     continue

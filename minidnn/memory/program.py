@@ -108,27 +108,21 @@ def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0) -> P
                      keep_within).run()
 
 
-def recompute_seconds(t, at, touch, producer, secs, depth=0) -> float:
+def recompute_seconds(t, at, touch, producer, secs, tensors) -> float:
     """The seconds (``secs``: by schedule step) the lowering takes to restore ``t`` by recomputation
-    just before schedule step ``at``: its producer's forward and, for each arena input not alive
-    across ``at``, that input's restoring in turn (an input whose producer fuses into a one-input
-    consumer adds nothing of its own: the two run as one pass, the consumer's; a join's other
-    inputs may need copies this does not count). inf where it cannot: a producer that is not
-    recomputable, or a chain more than four producers deep."""
-    src = producer.get(t)
-    if src is None or not src.node.op.recomputable or depth > 3:
-        return math.inf
-    c = secs[src.index]
-    for u in src.ins:
+    just before schedule step ``at``, nothing else evicted: the chain :func:`restore_order` walks
+    for it (its producer and, for each input not alive across ``at``, that input's restoring in
+    turn, each producer once, fused as the lowering fuses them), summed as the simulator costs it.
+    A join's other inputs may need copies this does not count. inf where it cannot: a value on
+    the way that is not recomputable."""
+    def present(u):
         ts = touch.get(u)
-        if ts is None or ts[0] <= at <= ts[-1]:
-            continue                  # persistent, or alive at the restore point if not evicted itself
-        inner = recompute_seconds(u, at, touch, producer, secs, depth + 1)
-        up = producer.get(u)
-        if up is not None and src.ins == [u] and up.node.op.fused(src.node.op) is not None:
-            inner -= secs[up.index]
-        c += inner
-    return c
+        return ts is not None and ts[0] <= at <= ts[-1]
+    try:
+        order = restore_order([t], {t}, present, lambda u: False, producer, tensors, lambda u: True)
+    except ValueError:
+        return math.inf
+    return sum(secs[what.index] for _, what in order)
 
 
 def workspace_bytes(step, algos, tensors) -> int:

@@ -94,7 +94,7 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
             slack[:a + 1] -= x
         elif a <= last_forward and t in producer:
             src = producer[t]
-            redo = recompute_seconds(t, touch[t][g + 1], touch, producer, secs) if chains else secs[src.index]
+            redo = recompute_seconds(t, touch[t][g + 1], touch, producer, secs, schedule.tensors) if chains else secs[src.index]
             chosen.append((redo / x, (t, g), a, x))
     fitting = []
     for _, key, a, x in sorted(chosen, reverse=True):
@@ -334,7 +334,7 @@ def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):
             # the offloaded gap around schedule step n, where its end can recompute it
             gaps = [g for (u, g), ev in plan.evictions.items() if u == t and ev.kind == "offload"
                     and touch[t][g] <= n <= touch[t][g + 1] and touch[t][g + 1] > last_forward
-                    and math.isfinite(recompute_seconds(t, touch[t][g + 1], touch, producer, secs))]
+                    and math.isfinite(recompute_seconds(t, touch[t][g + 1], touch, producer, secs, schedule.tensors))]
             if gaps:
                 trial[t, gaps[0]] = Evict("recompute")
         if trial == plan.evictions:
