@@ -345,8 +345,9 @@ def test_room_left_for_the_copies_timing_is_tried_and_kept():
 def test_copies_charged_in_full_are_a_seed_that_can_win():
     """DenseNet-small b4 at 40% of its liveness peak on the V100 profile: the greedy charging a copy
     a quarter of its time (where its gap hides it) drops tensors whose recomputation chains run long
-    (about 750 us); the seed charging every copy in full offloads other tensors and recomputes a
-    fifth of that. It is tried and kept, and faster than every plan without it."""
+    (about 750 us; about 400 once the final repairs hold what the chains restore); the seed charging
+    every copy in full offloads other tensors and recomputes a third of that. It is tried and kept,
+    and faster than every plan without it."""
     import dataclasses
     from minidnn.memory import MemoryConfig, plan_memory
     from minidnn.memory.knobs import Knobs
@@ -355,6 +356,25 @@ def test_copies_charged_in_full_are_a_seed_that_can_win():
     plan = plan_memory(sched, config)
     assert [t for t in plan.log if t.kept][-1].what.startswith("greedy, copies charged in full")
     without = plan_memory(sched, config, knobs=dataclasses.replace(Knobs(), full_copy_bias=None))
-    assert plan.simulation.seconds < 0.9 * without.simulation.seconds
+    assert plan.simulation.seconds < without.simulation.seconds
     assert plan.simulation.recompute_seconds < 0.5 * without.simulation.recompute_seconds
 
+
+def test_the_final_repairs_hold_what_chains_restore_and_keep_recomputations_where_there_is_room():
+    """ResNet-50 b256 at 50% of its liveness peak on the V100 profile: the fastest plans recompute a
+    bottleneck's ReLU output to restore the next convolution's output and again for that
+    convolution's backward one step later; held to its next use, the plan recomputes less in the
+    same arena; then recomputed tensors that fit the room left under the limit are kept. Both are
+    tried and kept, each faster than the plan it repaired, within the budget."""
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.report import shapes_only, training_schedule
+    with shapes_only():
+        sched = training_schedule(models.get("resnet50"), (256, 3, 224, 224))[1]
+    plan = plan_memory(sched, MemoryConfig(budget=0.5, profile="v100-16gb"))
+    held, kept = " + chain inputs held to their next use", " + recomputations kept where the arena has room"
+    won = [t for t in plan.log if t.kept][-1]
+    assert won.what.endswith(held + kept) and plan.keep_within >= 1
+    trials = {t.what: t for t in plan.log if t.seconds is not None}
+    before = trials[won.what[:-len(held + kept)]]
+    assert before.seconds > trials[won.what[:-len(kept)]].seconds > won.seconds == plan.simulation.seconds
+    assert plan.peak_bytes <= plan.budget

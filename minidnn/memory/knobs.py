@@ -23,8 +23,8 @@ class Knobs:
     copy_bias: float = 0.25
     # ... and the bias of a seed that charges every copy in full (on schedules of at most
     # ``baseline_seed_steps`` steps): it offloads other tensors than the greedy does, and the
-    # greedy's choice can recompute long chains instead: DenseNet-small b4 @ 40% on v100 2740.9 ->
-    # 2391.5 us, recomputing 141 us instead of 754 (bench_optimal.py). None: no such seed.
+    # greedy's choice can recompute long chains instead: DenseNet-small b4 @ 40% on v100 2430.8 ->
+    # 2391.5 us, recomputing 141 us instead of 418 (bench_optimal.py). None: no such seed.
     full_copy_bias: float | None = 1.0
     # Greedy: the copy time one iteration can hide, as a share of its compute; beyond it a copy is
     # charged in full. (The seed "greedy, copy stream by direction" gives an offload from the
@@ -48,8 +48,8 @@ class Knobs:
     # ResNet-152 b256 @ 25% on v100, the segments with their recomputations offloaded +9.2%, the
     # greedy's best +9.8%; at a twentieth no bench_memory.py cell loses a plan the segments win.
     segments_over: float = 0.05
-    # Recompute-only and the papers' policies are seeds of ``auto`` for schedules of at most this
-    # many steps: each
+    # Recompute-only and the papers' policies are seeds of ``auto``, and the final repairs
+    # (repairs.FINISH) run, for schedules of at most this many steps: each
     # costs a lowering and a replay (0.3 s apiece on ResNet-1001's 10040 steps, whose plan must
     # take at most 2 s; ResNet-152's 2,000 steps take 0.05 s).
     baseline_seed_steps: int = 5000
@@ -59,3 +59,8 @@ class Knobs:
     # random DAG 16 @ 60% on v100 330.7 -> 290.2 us, DAG 24 @ 40% 656.6 -> 576.0 us, ResNet-152 b256
     # @ 50% on v100 +3.2% -> +2.9% (bench_optimal.py, bench_memory.py). (): no such seeds.
     copy_room: tuple = (0.95, 0.9, 0.8)
+    # The final repairs (repairs.FINISH) run on this many of the fastest plans that fit (with
+    # different decisions): a slower plan with room under the limit keeps more. ResNet-50 b256 @ 50%
+    # on v100: the best alone +3.26%, four +3.12% (the 5%-room seed's plan), twelve no better
+    # there (h100 +2.99% -> +2.86%) but planning 1.3 -> 2.1 s (four: 1.5 s).
+    finish_plans: int = 4

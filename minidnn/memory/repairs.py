@@ -1,4 +1,5 @@
-"""The repairs a seed's plan goes through, in order: small objects with ``applies`` and ``apply``.
+"""The repairs a seed's plan goes through, in order, and the final ones the fastest plans go
+through: small objects with ``applies`` and ``apply``.
 
 Each repair sees the seed's best plan so far and a :class:`Step` of the search
 (the problem, whether the seed may trade copies for recomputations, and the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .program import recompute_seconds
 from .transfers import fastest, hide_transfers, offload_recomputations, recompute_stalled, stalls
 
 
@@ -112,6 +114,65 @@ class RecomputeStalled:
         return None if out is plan else out
 
 
+class HoldChainInputs:
+    """The plan's decisions lowered again with a horizon (program.lower's ``keep_within``): a value
+    a chain restored stays until its next use within that many schedule steps, instead of being
+    dropped and recomputed once more (a bottleneck's ReLU output, restored to recompute the next
+    convolution's output, is read again by that convolution's backward one step later). The
+    horizon starts at twice the plan's own (at least one) and doubles while the plan gets faster
+    and still fits: a longer one holds more."""
+
+    name = "chain inputs held to their next use"
+    why = "a value a chain restores is recomputed again where its next use is steps away"
+    start = "best"
+
+    def applies(self, plan, step) -> bool:
+        program = plan.program
+        again = [program.origin[i] for i, s in enumerate(program.steps) if s.kind == "recompute"]
+        return len(again) > len(set(again))
+
+    def apply(self, plan, step):
+        p, best = step.problem, None
+        horizon = max(1, 2 * plan.keep_within)
+        while horizon < len(p.schedule.steps):
+            held = p.build(plan.evictions, plan.algos, keep_within=horizon, arena_limit=p.limit)
+            if held.arena_bytes > p.limit or held.simulation.seconds >= (best or plan).simulation.seconds:
+                break
+            best, horizon = held, 2 * horizon
+        return best
+
+
+class KeepRecomputed:
+    """The plan's recomputations undone (their tensors kept on the device) where its arena has
+    room for them under the limit: the costliest per byte first (by the chain the lowering runs,
+    program.recompute_seconds), each kept where the plan still fits and is faster. The target
+    search stops within a step of the highest target that fits, and the trades after it change
+    what is held, so the final plan often has room for a few."""
+
+    name = "recomputations kept where the arena has room"
+    why = "the plan is under the limit by more than some recomputed tensors take"
+    start = "best"
+
+    def applies(self, plan, step) -> bool:
+        return step.convert and any(ev.kind == "recompute" for ev in plan.evictions.values())
+
+    def apply(self, plan, step):
+        p, best = step.problem, plan
+        sched, touch = p.schedule, p.touch
+        producer = {t: s for s in sched.steps if s.kind == "forward" for t in s.outs}
+        secs = [p.cost.step_seconds(sched, s, plan.algos.get(s.index)) for s in sched.steps]
+        ranked = sorted(((recompute_seconds(t, touch[t][g + 1], touch, producer, secs, sched.tensors) / sched.tensor_bytes[t], (t, g))
+                         for (t, g), ev in plan.evictions.items() if ev.kind == "recompute"), reverse=True)
+        for _, key in ranked:
+            if sched.tensor_bytes[key[0]] > p.limit - best.arena_bytes:
+                continue                 # no room for it in the arena as placed now
+            evictions = {k: ev for k, ev in best.evictions.items() if k != key}
+            kept = p.build(evictions, best.algos, keep_within=best.keep_within, arena_limit=p.limit)
+            if kept.arena_bytes <= p.limit and kept.simulation.seconds < best.simulation.seconds:
+                best = kept
+        return None if best is plan else best
+
+
 # the order matters: copies are timed first (the trades read the timed plan's stream)
 REPAIRS = (RetimeCopies(), OffloadRecomputations(1.0), OffloadRecomputations(0.5, halving=True),
            RecomputeStalled())
@@ -119,3 +180,6 @@ REPAIRS = (RetimeCopies(), OffloadRecomputations(1.0), OffloadRecomputations(0.5
 # runs (program.recompute_seconds) rather than by their producer's step alone
 BY_CHAIN = (OffloadRecomputations(1.0, chains=True), OffloadRecomputations(0.5, halving=True, chains=True),
             RecomputeStalled("stalled copies recomputed, after the chains' trades"))
+# once, on the search's best plan: its decisions are final, so only how the lowering holds what
+# they restore is left to choose
+FINISH = (HoldChainInputs(), KeepRecomputed())

@@ -6,8 +6,10 @@ algorithm options and the fastest algorithms, and a ``build`` that lowers,
 places and replays decisions into a Plan). A :class:`Search` plans each seed
 (a policy's chooser, searched over targets until its placed plan fits), runs
 the explicit list of repairs on it (repairs.py: time its copies, trade copies
-and recomputations), and ``consider``s every candidate: one is
-kept only if it fits and is predicted faster than the best so far. Each trial
+and recomputations), then the final repairs on the fastest few plans (hold what
+chains restore, keep recomputed tensors where the arena has room), and
+``consider``s every candidate: one is kept only if it fits and is predicted
+faster than the best so far. Each trial
 is logged with what was tried, why, its bytes and seconds, and whether it was
 kept; the plan that wins carries the log, and its summary says why it won.
 """
@@ -23,7 +25,7 @@ from .knobs import Knobs
 from .policies import BASELINES, get_policy
 from .program import lower
 from .simulator import memory_curve, simulate
-from .repairs import BY_CHAIN, REPAIRS, RetimeCopies, Step
+from .repairs import BY_CHAIN, FINISH, REPAIRS, RetimeCopies, Step
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class Search:
         self.beat = None          # the fastest seed plan before its copies were timed
         self.log = []
         self.memo = {}            # lowerings by decisions
+        self.fits = []            # (plan, what) of every candidate that fit
 
     def consider(self, plan, what, why) -> bool:
         """Keep ``plan`` if it fits and is predicted faster than the best; log it either way."""
@@ -144,6 +147,8 @@ class Search:
                               plan.simulation.seconds if plan is not None and plan.simulation else None, kept))
         if kept:
             self.best = plan
+        if fits:
+            self.fits.append((plan, what))
         return kept
 
     def run(self, policy):
@@ -152,7 +157,32 @@ class Search:
                 self.log.append(Trial(name, "not tried: the best plan is within one extra forward's share"))
                 continue
             self.seed(name, why, choose, convert, prune)
+        if self.best is not None and len(self.p.schedule.steps) <= self.p.knobs.baseline_seed_steps:
+            # (each a lowering and a replay or more, as the baseline seeds)
+            self.finish(isinstance(policy, AutoPolicy) and policy.hybrid)
         return self.best
+
+    def finish(self, convert):
+        """The final repairs (repairs.FINISH), in order, on each of the ``knobs.finish_plans`` fastest
+        plans that fit with different decisions, each candidate logged after the trial it repairs
+        (``convert``: whether they may change what a plan evicts, as the hybrid may): a seed's plan
+        that is slower but has room under the limit may keep more and end faster."""
+        step, seen, plans = Step(self.p, convert), set(), []
+        for plan, what in sorted(self.fits, key=lambda pw: pw[0].simulation.seconds):
+            key = frozenset(plan.evictions.items())
+            if key not in seen:
+                seen.add(key)
+                plans.append((plan, what))
+        for plan, what in plans[:self.p.knobs.finish_plans]:
+            for repair in FINISH:
+                if not repair.applies(plan, step):
+                    continue
+                out = repair.apply(plan, step)
+                if out is None:
+                    self.log.append(Trial(f"{what} + {repair.name}", repair.why + ": nothing faster that fits"))
+                    continue
+                self.consider(out, f"{what} + {repair.name}", repair.why)
+                plan, what = out, f"{what} + {repair.name}"
 
     def worth_segments(self) -> bool:
         """Whether sqrt(n) segments may beat the best plan: they recompute about one forward (a
