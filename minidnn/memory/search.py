@@ -137,7 +137,9 @@ class Search:
         self.beat = None          # the fastest seed plan before its copies were timed
         self.log = []
         self.memo = {}            # lowerings by decisions
-        self.fits = []            # (plan, what) of every candidate that fit
+        self.fits = []            # (plan, what) of every candidate that fit, where the final repairs run
+        # (each a lowering and a replay or more: on schedules as short as the baseline seeds')
+        self.finishes = len(problem.schedule.steps) <= problem.knobs.baseline_seed_steps
 
     def consider(self, plan, what, why) -> bool:
         """Keep ``plan`` if it fits and is predicted faster than the best; log it either way."""
@@ -147,7 +149,7 @@ class Search:
                               plan.simulation.seconds if plan is not None and plan.simulation else None, kept))
         if kept:
             self.best = plan
-        if fits:
+        if fits and self.finishes:
             self.fits.append((plan, what))
         return kept
 
@@ -157,8 +159,7 @@ class Search:
                 self.log.append(Trial(name, "not tried: the best plan is within one extra forward's share"))
                 continue
             self.seed(name, why, choose, convert, prune)
-        if self.best is not None and len(self.p.schedule.steps) <= self.p.knobs.baseline_seed_steps:
-            # (each a lowering and a replay or more, as the baseline seeds)
+        if self.best is not None and self.finishes:
             self.finish(isinstance(policy, AutoPolicy) and policy.hybrid)
         return self.best
 
