@@ -61,6 +61,6 @@ class Knobs:
     copy_room: tuple = (0.95, 0.9, 0.8)
     # The final repairs (repairs.FINISH) run on this many of the fastest plans that fit (with
     # different decisions): a slower plan with room under the limit keeps more. ResNet-50 b256 @ 50%
-    # on v100: the best alone +3.26%, four +3.12% (the 5%-room seed's plan), twelve no better
-    # there (h100 +2.99% -> +2.86%) but planning 1.3 -> 2.1 s (four: 1.5 s).
-    finish_plans: int = 4
+    # on h100: the best alone +3.15%, four +3.08%, eight +2.93% (the 10%-room seed's plan), twelve
+    # no better; v100 +2.81% from four on (planning only).
+    finish_plans: int = 8

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .program import recompute_seconds
-from .transfers import fastest, hide_transfers, offload_recomputations, recompute_stalled, stalls
+from .transfers import fastest, hide_transfers, offload_recomputations, recompute_stalled, restoring, stalls
 
 
 @dataclass
@@ -144,8 +143,9 @@ class HoldChainInputs:
 
 class KeepRecomputed:
     """The plan's recomputations undone (their tensors kept on the device) where its arena has
-    room for them under the limit: the costliest per byte first (by the chain the lowering runs,
-    program.recompute_seconds), each kept where the plan still fits and is faster. The target
+    room for them under the limit: the costliest per byte first (by the chain the plan's lowering
+    runs before the touch that closes them, transfers.restoring), each kept where the plan still
+    fits and is faster. The target
     search stops within a step of the highest target that fits, and the trades after it change
     what is held, so the final plan often has room for a few."""
 
@@ -159,9 +159,8 @@ class KeepRecomputed:
     def apply(self, plan, step):
         p, best = step.problem, plan
         sched, touch = p.schedule, p.touch
-        producer = {t: s for s in sched.steps if s.kind == "forward" for t in s.outs}
-        secs = [p.cost.step_seconds(sched, s, plan.algos.get(s.index)) for s in sched.steps]
-        ranked = sorted(((recompute_seconds(t, touch[t][g + 1], touch, producer, secs, sched.tensors) / sched.tensor_bytes[t], (t, g))
+        redo = restoring(plan, len(sched.steps))
+        ranked = sorted(((redo[touch[t][g + 1]] / sched.tensor_bytes[t], (t, g))
                          for (t, g), ev in plan.evictions.items() if ev.kind == "recompute"), reverse=True)
         for _, key in ranked:
             if sched.tensor_bytes[key[0]] > p.limit - best.arena_bytes:

@@ -70,12 +70,24 @@ def timeline(plan, schedule):
     return np.concatenate([[0.0], np.cumsum(secs)]), step_curve(program, n, group), group
 
 
+def restoring(plan, n) -> np.ndarray:
+    """The seconds of the recomputations ``plan``'s lowering runs before each of the schedule's ``n``
+    steps: the chain that restores what the step needs, with the plan's other decisions (a
+    tensor whose inputs the plan drops too restores them as well; one held from an earlier chain
+    costs nothing there)."""
+    group = schedule_groups(plan.program, n)
+    out = np.zeros(n)
+    at = [p for p, s in enumerate(plan.program.steps) if s.kind == "recompute"]
+    np.add.at(out, group[at], np.asarray(plan.simulation.costs)[at])
+    return out
+
+
 def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0, chains=False):
     """``plan`` with the recomputations that cost the most per byte turned into offloads, as many
     as the copy stream can carry during the forward beside the plan's own offloads (``share``: that
     fraction of them, the costliest: by their producer's step per copy second, or with ``chains``
-    by the chain the lowering runs to restore them, program.recompute_seconds); or None where that
-    plan does not fit ``limit``.
+    by the chain the plan's lowering runs before the touch that closes them, :func:`restoring`,
+    which offloading saves there); or None where that plan does not fit ``limit``.
 
     The policy charges copies a bias, because the copy stream is shared; once the plan's transfers
     are timed, what is left of the stream is known: a queue released over the forward steps fits
@@ -85,7 +97,8 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
     cum = timeline(plan, schedule)[0]
     producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
     slack = cum[last_forward + 1] - cum[1:last_forward + 2]   # slack[a]: copy time left after step a
-    secs = [cost.step_seconds(schedule, s, plan.algos.get(s.index)) for s in steps]
+    secs = (restoring(plan, len(steps)) if chains else
+            [cost.step_seconds(schedule, s, plan.algos.get(s.index)) for s in steps])
     chosen = []
     for (t, g), ev in plan.evictions.items():
         a = touch[t][g]
@@ -93,8 +106,7 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
         if ev.kind == "offload":
             slack[:a + 1] -= x
         elif a <= last_forward and t in producer:
-            src = producer[t]
-            redo = recompute_seconds(t, touch[t][g + 1], touch, producer, secs, schedule.tensors) if chains else secs[src.index]
+            redo = secs[touch[t][g + 1]] if chains else secs[producer[t].index]
             chosen.append((redo / x, (t, g), a, x))
     fitting = []
     for _, key, a, x in sorted(chosen, reverse=True):
