@@ -145,9 +145,8 @@ class KeepRecomputed:
     """The plan's recomputations undone (their tensors kept on the device) where its arena has
     room for them under the limit: the costliest per byte first (by the chain the plan's lowering
     runs before the touch that closes them, transfers.restoring), each kept where the plan still
-    fits and is faster. The target
-    search stops within a step of the highest target that fits, and the trades after it change
-    what is held, so the final plan often has room for a few."""
+    fits and is faster. The target search stops within a step of the highest target that fits,
+    and the trades after it change what is held, so a plan often has room for a few."""
 
     name = "recomputations kept where the arena has room"
     why = "the plan is under the limit by more than some recomputed tensors take"
@@ -175,10 +174,10 @@ class KeepRecomputed:
 # the order matters: copies are timed first (the trades read the timed plan's stream)
 REPAIRS = (RetimeCopies(), OffloadRecomputations(1.0), OffloadRecomputations(0.5, halving=True),
            RecomputeStalled())
-# the trades once more from the timed plan, the recomputations ranked by the chain their lowering
-# runs (program.recompute_seconds) rather than by their producer's step alone
+# the trades once more from the timed plan, the recomputations ranked by the chain the plan's
+# lowering runs to restore them (transfers.restoring) rather than by their producer's step alone
 BY_CHAIN = (OffloadRecomputations(1.0, chains=True), OffloadRecomputations(0.5, halving=True, chains=True),
             RecomputeStalled("stalled copies recomputed, after the chains' trades"))
-# once, on the search's best plan: its decisions are final, so only how the lowering holds what
-# they restore is left to choose
+# on each of the search's fastest plans (Search.finish), in order: how the lowering holds what a
+# plan's chains restore, then what the room left under the limit can keep
 FINISH = (HoldChainInputs(), KeepRecomputed())

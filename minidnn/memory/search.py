@@ -9,9 +9,9 @@ the explicit list of repairs on it (repairs.py: time its copies, trade copies
 and recomputations), then the final repairs on the fastest few plans (hold what
 chains restore, keep recomputed tensors where the arena has room), and
 ``consider``s every candidate: one is kept only if it fits and is predicted
-faster than the best so far. Each trial
-is logged with what was tried, why, its bytes and seconds, and whether it was
-kept; the plan that wins carries the log, and its summary says why it won.
+faster than the best so far. Each trial is logged with what was tried, why,
+its bytes and seconds, and whether it was kept; the plan that wins carries the
+log, and its summary says why it won.
 """
 from __future__ import annotations
 

@@ -97,8 +97,10 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
     cum = timeline(plan, schedule)[0]
     producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
     slack = cum[last_forward + 1] - cum[1:last_forward + 2]   # slack[a]: copy time left after step a
-    secs = (restoring(plan, len(steps)) if chains else
-            [cost.step_seconds(schedule, s, plan.algos.get(s.index)) for s in steps])
+    if chains:
+        chain = restoring(plan, len(steps))      # by the step a chain restores before
+    else:
+        secs = [cost.step_seconds(schedule, s, plan.algos.get(s.index)) for s in steps]
     chosen = []
     for (t, g), ev in plan.evictions.items():
         a = touch[t][g]
@@ -106,7 +108,7 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
         if ev.kind == "offload":
             slack[:a + 1] -= x
         elif a <= last_forward and t in producer:
-            redo = secs[touch[t][g + 1]] if chains else secs[producer[t].index]
+            redo = chain[touch[t][g + 1]] if chains else secs[producer[t].index]
             chosen.append((redo / x, (t, g), a, x))
     fitting = []
     for _, key, a, x in sorted(chosen, reverse=True):
