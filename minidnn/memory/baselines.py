@@ -421,7 +421,7 @@ class MoDNN(_Baseline):
         cur = dict(algos)
         curve = approximate_curve(schedule, touch, cur)
         rows = []                                   # (t, gap, a, b, size)
-        for t in touch:
+        for t, _ in touch.ordered():
             g = f.crossing(t)
             if g is not None:
                 rows.append((t, g, touch[t][g], touch[t][g + 1], aligned(schedule.tensors[t].nbytes)))

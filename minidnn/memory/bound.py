@@ -73,7 +73,7 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     limit = budget - schedule.persistent_bytes
     start = np.concatenate([[0.0], np.cumsum(secs)])         # start[i]: when step i starts, unlimited
     producer = {t: s for s in schedule.steps if s.kind == "forward" for t in s.outs}
-    gaps = [(t, ts[g], ts[g + 1]) for t, ts in touch.items() for g in range(len(ts) - 1)]
+    gaps = [(t, ts[g], ts[g + 1]) for t, ts in touch.ordered() for g in range(len(ts) - 1)]
     opens = np.array([a for _, a, _ in gaps])
     closes = np.array([b for _, _, b in gaps])
     nbytes = np.array([int(schedule.tensor_bytes[t]) for t, _, _ in gaps], np.float64)

@@ -114,7 +114,7 @@ class Greedy:
         # what the two copies take from compute even when the gap hides them
         shared = 0.0 if copies_free else 2 * (1.0 - cost.copy_overlap)
         cum, sizes = self.cum.tolist(), self.nbytes   # (faster one by one than arrays)
-        for t, ts in touch.items():
+        for t, ts in touch.ordered():
             nb = sizes[t]
             for g in range(len(ts) - 1):
                 a, b = ts[g], ts[g + 1]
@@ -433,16 +433,18 @@ class Greedy:
 
 
 def _cheapest_first(ratio, head=16):
-    """Indices of ``ratio`` by increasing value: the few smallest sorted first, the rest after
-    (the first is nearly always taken; sorting every candidate for each decision would dominate)."""
+    """Indices of ``ratio`` by increasing (value, index): the few smallest sorted first, the rest
+    after (the first is nearly always taken; sorting every candidate for each decision would
+    dominate). Equal ratios are common (a network's many tensors of one size and cost), so the head
+    is every index whose value is at most the head-th smallest one, taken in index order: which of
+    equal values ``argpartition`` returns depends on NumPy's SIMD dispatch, and so on the CPU."""
     n = len(ratio)
     if n <= head:
         yield from np.argsort(ratio, kind="stable").tolist()
         return
-    top = np.argpartition(ratio, head)[:head]
-    top = top[np.argsort(ratio[top], kind="stable")]
-    yield from top.tolist()
-    rest = np.ones(n, bool)
-    rest[top] = False
-    others = np.flatnonzero(rest)
+    cut = np.partition(ratio, head - 1)[head - 1]      # a value: the same on every machine
+    first = ratio <= cut
+    top = np.flatnonzero(first)
+    yield from top[np.argsort(ratio[top], kind="stable")].tolist()
+    others = np.flatnonzero(~first)
     yield from others[np.argsort(ratio[others], kind="stable")].tolist()

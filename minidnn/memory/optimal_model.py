@@ -76,7 +76,7 @@ class Model:
             for k in range(len(opts)):
                 self.x[s, k] = self._var(f"x[{s},{k}]", integer=True)
         self.gaps = []                                    # (t, g, a, b) with b - a >= 2
-        for t, ts in self.touch.items():
+        for t, ts in self.touch.ordered():
             if t in self.skip:
                 continue
             src = self.producer.get(t)
@@ -129,7 +129,7 @@ class Model:
         restores t by a prefetch; the model does not let t be dropped or recomputed in a chain then."""
         self.c, self.earlier = {}, {}
         steps = self.schedule.steps
-        for t, ts in self.touch.items():
+        for t, ts in self.touch.ordered():
             if t in self.skip:
                 continue
             writes = [i for i in ts if t in steps[i].writes or t in steps[i].updates]
@@ -304,7 +304,7 @@ class Model:
         self.m = {t: self._var(f"m[{t}]") for t in causes}
         self.M = (self._var("M_res", hi=math.inf), self._var("M_mob", hi=math.inf))
         self.alive = [[] for _ in range(self.n)]          # stage -> tensors alive at its step
-        for t, ts in self.touch.items():
+        for t, ts in self.touch.ordered():
             if t not in self.skip:
                 for s in range(ts[0], self.n if t in self.keep else ts[-1] + 1):
                     self.alive[s].append(t)

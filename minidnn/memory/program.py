@@ -75,6 +75,11 @@ class Touches(dict):
     what each schedule step touches of them (each once, in the step's order), for the lowering."""
     by_step: list
 
+    def ordered(self):
+        """(tensor id, steps) by tensor id: the explicit order every list of candidates is built in,
+        so that ties among them fall the same way however this map was built."""
+        return sorted(self.items())
+
 
 def _arena_touches(schedule, tensors) -> list:
     """For each schedule step, the arena tensors it touches: each once, in the step's order."""
