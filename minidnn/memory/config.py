@@ -29,6 +29,27 @@ def format_bytes(n) -> str:
     return f"{n:.2f} TiB"
 
 
+CPU_PROFILE = "cpu-2core"      # MemoryConfig's default profile: the machine the CPU backend runs on
+
+# CUDA device names (as cudaGetDeviceProperties gives them) -> the profile of that GPU, first match wins
+_GPU_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-80gb"), ("A100", "a100-40gb"), ("V100", "v100-16gb"),
+                 ("P100", "p100-16gb"), ("K40", "k40-12gb"), ("TITAN X", "titanx-12gb"))
+
+
+def gpu_profile(profile, device_name: str):
+    """The profile ``profile`` (a MemoryConfig's) stands for on the CUDA GPU ``device_name``.
+
+    The default, the CPU's profile, means "this machine's": on a GPU, the GPU's profile, so
+    that non-convolution steps and copies are timed at a GPU's speed and PCIe bandwidth, not a
+    2-core CPU's (convolutions are timed by cuDNN's Find either way). A GPU this table does not
+    know gets the H100's, the nearest generation to the ones it lists. A GPU profile or
+    ``"measured"`` is kept as given."""
+    if profile != CPU_PROFILE:
+        return profile
+    name = device_name.upper()
+    return next((p for key, p in _GPU_PROFILES if key in name), "h100-80gb")
+
+
 @dataclass
 class MemoryConfig:
     """The memory budget and how to meet it.
@@ -41,7 +62,8 @@ class MemoryConfig:
     stale memory; ``check`` verifies at run time that no two live buffers overlap.
     ``policy`` chooses how the planner meets the budget (``"auto"``, ``"none"``
     or a policy object); ``profile`` is the device profile the cost model uses
-    when no measured times are given (see ``memory.profiles``).
+    when no measured times are given (see ``memory.profiles``); on the cuda
+    backend the default stands for the GPU's own profile (:func:`gpu_profile`).
     ``algorithms``: ``"auto"`` lets the planner pick each convolution's
     algorithm (fastest first, smaller workspaces under a tight budget);
     ``"default"`` keeps every op's default algorithm. Offload, prefetch and
@@ -67,7 +89,7 @@ class MemoryConfig:
 
     budget: object = None
     policy: object = "auto"
-    profile: object = "cpu-2core"
+    profile: object = CPU_PROFILE
     algorithms: str = "auto"
     sub_batching: object = True     # True, False or "fastest"
     bn: str = "exact"

@@ -26,8 +26,11 @@ from .search import Problem, Search
 from .simulator import memory_curve, simulate
 
 
-def algorithm_options(schedule, cost) -> dict:
-    """step index -> [(seconds, Algo)] fastest first, for steps whose op offers several algorithms."""
+def algorithm_options(schedule, cost, pinned=False) -> dict:
+    """step index -> [(seconds, Algo)] fastest first, for steps whose op offers several algorithms,
+    or one whose workspace is not the step's own (a device's algorithm: cuDNN's one option for a
+    layer must not be charged the schedule's workspace, the CPU default's im2col). ``pinned``
+    (``algorithms="default"``): the first algorithm listed only, so that no budget changes it."""
     out = {}
     lister = getattr(cost, "algorithms", None)   # a backend's cost model may name its own (cuDNN's on CUDA)
     for s in schedule.steps:
@@ -36,7 +39,9 @@ def algorithm_options(schedule, cost) -> dict:
         n = s.node
         ins, outs = [v.spec for v in n.inputs], [o.spec for o in n.outputs]
         algos = lister(n.op, ins, outs, s.kind) if lister else n.op.algorithms(ins, outs, s.kind)
-        if len(algos) > 1:
+        algos = algos[:1] if pinned else algos
+        own = schedule.tensors[s.ws].nbytes if s.ws is not None else 0
+        if len(algos) > 1 or (algos and algos[0].workspace != own):
             out[s.index] = sorted(((cost.step_seconds(schedule, s, a), a) for a in algos),
                                   key=lambda p: (p[0], p[1].workspace))
     return out
@@ -113,7 +118,7 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
     config = config or MemoryConfig()
     cost = CachedCost(cost or ProfileCost(config.profile))
     touch = touches(schedule)
-    options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
+    options = algorithm_options(schedule, cost, pinned=config.algorithms != "auto")
     quick = fastest(options)
     unlimited = lower(schedule, {}, touch, quick)
     baseline = simulate(unlimited, schedule, cost, algos=quick)
@@ -164,7 +169,7 @@ def minimum_bytes(schedule, config=None, cost=None) -> int:
     config = config or MemoryConfig()
     cost = CachedCost(cost or ProfileCost(config.profile))
     touch = touches(schedule)
-    options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
+    options = algorithm_options(schedule, cost, pinned=config.algorithms != "auto")
     least = minimum_plan(schedule, cost, touch,
                          lambda ev, al: make_plan(schedule, ev, None, "minimum", touch=touch, algos=al), options)
     full = make_plan(schedule, {}, None, "none", touch=touch, algos=fastest(options))

@@ -99,9 +99,10 @@ class CUDABackend:
 
     # -- planning -------------------------------------------------------------
     def planning_cost(self, base, profile):
+        from ...memory.config import gpu_profile
         from ...memory.costmodel import ProfileCost
         from .cost import DeviceCost
-        return DeviceCost(base if base is not None else ProfileCost(profile), self)
+        return DeviceCost(base if base is not None else ProfileCost(gpu_profile(profile, self._device_name())), self)
 
     def profile_algorithms(self, op, in_specs, out_specs, pass_) -> dict:
         """Nothing for the profiling pass to time: :meth:`planning_cost` answers with Find's times."""
