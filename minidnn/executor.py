@@ -287,6 +287,8 @@ class Executor:
         if tr:
             if ctx.grads is not None:
                 ctx.grads.record(tr.rec)
+            if self.copies is not None:
+                self.copies.settle()          # the copies' spans, before the iteration's trace closes
             tr.end(t, high)
         return fetched
 

@@ -14,8 +14,6 @@ before the trainer runs, so every trainer of a network trains its current weight
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .errors import ShapeError
 from .nn.module import Buffer
 from .schedule import OPT_STATE, PARAM, PARAM_GRAD, STATE, aligned
@@ -85,9 +83,11 @@ class PersistentStore:
             if grad is not None and p.grad is not grad:
                 p.grad = grad
 
-    def save_buffers(self) -> np.ndarray:
-        """A host copy of the buffers (what a step changes before its update)."""
-        return np.array(self.backend.to_host(self.buffers))
+    def save_buffers(self):
+        """A copy of the buffers (what a step changes before its update), beside them on the device: a
+        host copy would be a blocking device-to-host transfer every step (they are BatchNorm's
+        statistics, a few KiB, not in the arena's budget)."""
+        return self.buffers.copy()
 
     def restore_buffers(self, saved):
         self.backend.write(self.buffers, saved)

@@ -1,12 +1,18 @@
 """ResNet-50 training-step time on one GPU: minidnn unlimited and under budgets, beside PyTorch.
 
-    python scripts/bench_cuda.py [--batch-size 64] [--image-size 224] [--steps 10] [--out DIR]
+    python scripts/bench_cuda.py [--batch-size 64] [--image-size 224] [--steps 10] [--deadline S] [--out DIR]
 
 Each configuration runs ``--warmup`` steps, then ``--steps`` timed steps (the median is
-reported). Both frameworks take the batch from host NumPy arrays every step and read the
-loss back (a synchronisation), and both let cuDNN use TF32 for float32 convolutions
-(PyTorch's default). Budgets are fractions of minidnn's liveness peak. Writes
-``cuda_bench.json`` and ``cuda_bench.txt`` to ``--out`` (default ``$OUT``, else ``.``).
+reported), in float32 with and without TF32 convolutions. Both frameworks take the batch
+from host NumPy arrays every step and read the loss back (a synchronisation). PyTorch runs
+as its users run it, in a process of its own that never imports minidnn, with the environment
+less what ``import minidnn`` sets (scripts/peers.py): at its defaults (``cudnn.benchmark``
+off) before minidnn's configurations and with ``cudnn.benchmark`` on after them; the ratios
+are against the faster. Budgets are fractions of minidnn's liveness peak. For each
+configuration: measured and predicted ms per step, the plan's peak, and what the device
+really holds (cudaMemGetInfo's used bytes since before the backend, CuPy's pool). Writes
+``cuda_bench.json`` and ``cuda_bench.txt`` to ``--out`` (default ``$OUT``, else ``.``) after
+every configuration, so a run stopped by a timeout keeps what it measured.
 """
 from __future__ import annotations
 
@@ -18,12 +24,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import minidnn as mdn  # noqa: E402  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
-import numpy as np  # noqa: E402
-from minidnn import models, nn, optim  # noqa: E402
+import peers  # noqa: E402  stdlib only: PyTorch's process (--peer-only) must not import minidnn
 
 
 def batches(args, n):
+    import numpy as np    # minidnn's process imports minidnn first (main): its OpenBLAS setting
     rng = np.random.default_rng(0)
     shape = (args.batch_size, 3, args.image_size, args.image_size)
     return [(rng.standard_normal(shape).astype(np.float32), rng.integers(0, 1000, args.batch_size)) for _ in range(n)]
@@ -41,9 +46,32 @@ def timed(step, data, warmup, steps):
     return statistics.median(ts)
 
 
-def bench_minidnn(args, budget, data):
+def device_bytes():
+    """(bytes used on the device by every process, as cudaMemGetInfo counts them; CuPy's pool's bytes
+    in use and held)."""
+    import cupy as cp
+    free, total = cp.cuda.runtime.memGetInfo()
+    pool = cp.get_default_memory_pool()
+    return total - free, pool.used_bytes(), pool.total_bytes()
+
+
+def release():
+    """Give back what the previous configuration left in CuPy's pools, so the next one's device bytes are its own."""
+    import gc
+
+    import cupy as cp
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def bench_minidnn(args, budget, tf32, data):
+    import minidnn as mdn
+    from minidnn import models, nn, optim
     from minidnn.backend.cuda import create
-    backend = create(tf32=True)
+    release()
+    used0, _, _ = device_bytes()
+    backend = create(tf32=tf32)
     net = models.get("resnet50").init_parameters(0)
     t0 = time.perf_counter()
     trainer = mdn.compile(net, data[0][0].shape, nn.CrossEntropyLoss(),
@@ -52,11 +80,20 @@ def bench_minidnn(args, budget, data):
     compile_s = time.perf_counter() - t0
     plan = trainer.plan
     sec = timed(trainer.step, data, args.warmup, args.steps)
-    return {"seconds": sec, "compile_seconds": compile_s, "budget_bytes": plan.budget,
-            "plan_peak_bytes": plan.peak_bytes, "measured_peak_bytes": trainer.measured_peak_bytes,
-            "liveness_peak_bytes": plan.liveness_peak_bytes, "sub_batches": getattr(plan, "k", 1),
-            "evictions": len(getattr(plan, "evictions", {}) or {}),
-            "algorithm_changes": len(getattr(plan, "algorithm_changes", []) or [])}
+    backend.synchronize()
+    used, pool_used, pool_held = device_bytes()
+    # the executor's own count equals the plan by construction; what the device really holds beyond
+    # the plan (CuPy's pool: Find's leftovers, reduction scratch; cuBLAS's and cuDNN's workspaces,
+    # the context's growth) shows in cudaMemGetInfo's bytes, measured from before the backend existed
+    out = {"seconds": sec, "predicted_seconds": plan.predicted_seconds, "compile_seconds": compile_s,
+           "budget_bytes": plan.budget, "plan_peak_bytes": plan.peak_bytes,
+           "executor_peak_bytes": trainer.measured_peak_bytes, "device_used_bytes": used - used0,
+           "cupy_pool_used_bytes": pool_used, "cupy_pool_held_bytes": pool_held,
+           "liveness_peak_bytes": plan.liveness_peak_bytes, "sub_batches": getattr(plan, "k", 1),
+           "evictions": len(getattr(plan, "evictions", {}) or {}),
+           "algorithm_changes": len(getattr(plan, "algorithm_changes", []) or [])}
+    backend.close()
+    return out
 
 
 def torch_resnet50(torch):
@@ -93,15 +130,19 @@ def torch_resnet50(torch):
     return tnn.Sequential(*layers)
 
 
-def bench_torch(args, data):
+def bench_torch(args, tf32, data):
+    """PyTorch's step, in this process (main() runs it in a process of its own: its caching allocator
+    keeps what it held, which would count in the next configuration's device bytes; and minidnn's
+    environment settings stay out of it)."""
     try:
         import torch
     except ImportError:
         return {"skipped": "torch is not installed"}
     if not torch.cuda.is_available():
         return {"skipped": f"torch {torch.__version__} has no CUDA device"}
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark    # PyTorch's default: off
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     net = torch_resnet50(torch).cuda()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -114,7 +155,24 @@ def bench_torch(args, data):
         return loss.item()
 
     sec = timed(step, data, args.warmup, args.steps)
-    return {"seconds": sec, "version": torch.__version__, "max_memory_allocated": torch.cuda.max_memory_allocated()}
+    return {"seconds": sec, "version": torch.__version__, "max_memory_allocated": torch.cuda.max_memory_allocated(),
+            "gpu": torch.cuda.get_device_name(), "side": peers.describe()}
+
+
+def torch_in_own_process(args, tf32, benchmark, seconds_left):
+    import subprocess
+    cmd = [sys.executable, __file__, "--peer-only", "--tf32" if tf32 else "--fp32",
+           "--batch-size", str(args.batch_size), "--image-size", str(args.image_size), "--steps", str(args.steps),
+           "--warmup", str(args.warmup)] + (["--cudnn-benchmark"] if benchmark else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, seconds_left) if seconds_left < 1e9 else None,
+                           env=peers.environment())
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"PyTorch ran past the {seconds_left:.0f} s left"}
+    lines = r.stdout.strip().splitlines()
+    if r.returncode or not lines:
+        return {"error": (r.stderr or r.stdout).strip()[-400:]}
+    return json.loads(lines[-1])
 
 
 def main(argv=None):
@@ -124,43 +182,95 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--budgets", default="none,0.5,0.25", help="comma-separated: none or fractions of the liveness peak")
+    p.add_argument("--precisions", default="fp32,tf32", help="comma-separated: fp32 and/or tf32 (convolutions)")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds: start no configuration after this (the results so far are written)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--peer-only", action="store_true", help=argparse.SUPPRESS)   # PyTorch's own process
+    p.add_argument("--tf32", dest="peer_tf32", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fp32", dest="peer_tf32", action="store_false", help=argparse.SUPPRESS)
+    p.add_argument("--cudnn-benchmark", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.peer_only:
+        print(json.dumps(bench_torch(args, args.peer_tf32, batches(args, 4))))
+        return 0
+    import minidnn  # noqa: F401  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
     data = batches(args, 4)
+    start = time.perf_counter()
+    left = (lambda: args.deadline - (time.perf_counter() - start)) if args.deadline else (lambda: 1e9)
     report = {"model": "resnet50", "batch_size": args.batch_size, "image_size": args.image_size,
-              "steps": args.steps, "torch": bench_torch(args, data), "minidnn": {}}
-    for b in args.budgets.split(","):
-        budget = None if b == "none" else float(b)
-        try:
-            report["minidnn"][b] = bench_minidnn(args, budget, data)
-        except Exception as e:   # one configuration failing must not lose the others' numbers
-            report["minidnn"][b] = {"error": f"{type(e).__name__}: {e}"}
-        print(b, report["minidnn"][b], flush=True)
-    lines = [f"ResNet-50, batch {args.batch_size}, {args.image_size}x{args.image_size}, median of {args.steps} steps"]
-    t = report["torch"].get("seconds")
-    lines.append(f"  pytorch: {t * 1e3:.1f} ms/step" if t else f"  pytorch: {report['torch'].get('skipped')}")
-    free = report["minidnn"].get("none", {}).get("seconds")
-    for b, r in report["minidnn"].items():
-        if "seconds" not in r:
-            lines.append(f"  minidnn budget {b}: {r.get('error')}")
-            continue
-        rel = [f"{r['seconds'] / t:.2f}x pytorch" if t else None,
-               f"{r['seconds'] / free - 1:+.1%} vs unlimited" if free and b != "none" else None]
-        lines.append(f"  minidnn budget {b}: {r['seconds'] * 1e3:.1f} ms/step ({', '.join(x for x in rel if x)}); "
-                     f"peak {r['plan_peak_bytes'] / 2**30:.2f} GiB (measured {r['measured_peak_bytes'] / 2**30:.2f}), "
-                     f"sub-batches {r['sub_batches']}")
-    if t and free:
-        lines.append(f"  targets: unlimited <= 1.1x pytorch: {'met' if free <= 1.1 * t else 'NOT met'}")
-    half = report["minidnn"].get("0.5", {}).get("seconds")
-    if free and half:
-        lines.append(f"  targets: <= 5% overhead at 50%: {'met' if half <= 1.05 * free else 'NOT met'}")
+              "steps": args.steps, "machine": peers.machine(), "side": peers.describe(), "torch": {}, "minidnn": {}}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "cuda_bench.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(args.out, "cuda_bench.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    for prec in args.precisions.split(","):
+        tf32 = prec == "tf32"
+        peer = report["torch"][prec] = {}
+
+        def torch_run(label, benchmark):
+            peer[label] = torch_in_own_process(args, tf32, benchmark, left()) if left() > 0 else {"skipped": "deadline"}
+            print("pytorch", prec, label, peer[label], flush=True)
+            timed_runs = {k: r for k, r in peer.items() if isinstance(r, dict) and "seconds" in r}
+            if timed_runs:                  # the ratios are against the faster
+                peer["seconds"] = min(r["seconds"] for r in timed_runs.values())
+                peer["faster"] = min(timed_runs, key=lambda k: timed_runs[k]["seconds"])
+
+        torch_run("defaults", False)     # before minidnn's configurations, and its best setting after them
+        for b in args.budgets.split(","):
+            key = f"{prec} {b}"
+            if left() <= 0:
+                report["minidnn"][key] = {"error": "not run: the deadline passed"}
+                continue
+            budget = None if b == "none" else float(b)
+            try:
+                report["minidnn"][key] = bench_minidnn(args, budget, tf32, data)
+            except Exception as e:   # one configuration failing must not lose the others' numbers
+                report["minidnn"][key] = {"error": f"{type(e).__name__}: {e}"}
+            print("minidnn", key, report["minidnn"][key], flush=True)
+            write(args.out, report)      # after each configuration: a timeout keeps what was measured
+        torch_run("cudnn.benchmark", True)
+        write(args.out, report)
+    print("\n".join(write(args.out, report)))
     return 0
+
+
+def write(out, report) -> list:
+    lines = [f"ResNet-50, batch {report['batch_size']}, {report['image_size']}x{report['image_size']}, "
+             f"median of {report['steps']} steps; {report['machine']}; each side ran with:",
+             peers.side_text("minidnn", report["side"])]
+    shown = set()
+    for prec, runs in report["torch"].items():
+        for label, r in runs.items():
+            if isinstance(r, dict) and r.get("side") and "torch" not in shown:
+                shown.add("torch")
+                lines.append(peers.side_text(f"PyTorch (GPU {r.get('gpu')})", r["side"]))
+    gib = 2**30
+    for key, r in report["minidnn"].items():
+        prec, b = key.split(" ")
+        t = report["torch"].get(prec, {}).get("seconds")
+        free = report["minidnn"].get(f"{prec} none", {}).get("seconds")
+        if "seconds" not in r:
+            lines.append(f"  minidnn {prec} budget {b}: {r.get('error')}")
+            continue
+        rel = [f"{r['seconds'] / t:.2f}x pytorch {t * 1e3:.1f} ms" if t else None,
+               f"{r['seconds'] / free - 1:+.1%} vs unlimited" if free and b != "none" else None]
+        lines.append(f"  minidnn {prec} budget {b}: measured {r['seconds'] * 1e3:.1f} ms/step, predicted "
+                     f"{r['predicted_seconds'] * 1e3:.1f} ms ({', '.join(x for x in rel if x)}); plan peak "
+                     f"{r['plan_peak_bytes'] / gib:.2f} GiB, device used {r['device_used_bytes'] / gib:.2f} GiB "
+                     f"(cudaMemGetInfo), CuPy pool {r['cupy_pool_held_bytes'] / gib:.2f} GiB held; "
+                     f"sub-batches {r['sub_batches']}")
+    for prec, runs in report["torch"].items():
+        for label, r in runs.items():
+            if not isinstance(r, dict):
+                continue
+            if "seconds" not in r:
+                lines.append(f"  pytorch {prec} {label}: {r.get('skipped') or r.get('error')}")
+            else:
+                lines.append(f"  pytorch {prec} {label}: {r['seconds'] * 1e3:.1f} ms/step"
+                             + (" (the faster)" if runs.get("faster") == label else ""))
+    with open(os.path.join(out, "cuda_bench.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(out, "cuda_bench.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 if __name__ == "__main__":

@@ -139,6 +139,33 @@ def test_pareto_pairs_keep_only_pairs_nothing_beats():
     assert all(a[2] <= b[2] and a[1] > b[1] for a, b in zip(front, front[1:]))
 
 
+def test_every_not_supported_sub_code_is_an_unsupported_algorithm():
+    """cuDNN 9's hierarchical NOT_SUPPORTED codes (3001-3014: shape, arch mismatch, shared memory, ...)
+    mean "no workspace for this algorithm", not an error that stops planning."""
+    b = binding_or_skip()
+    assert b.workspace_result(b.STATUS_SUCCESS, 123) == 123
+    for status in [b.STATUS_NOT_SUPPORTED] + list(range(3001, 3015)):
+        assert b.is_not_supported(status), status
+        assert b.workspace_result(status, 99) is None, status
+    assert not b.is_not_supported(b.STATUS_BAD_PARAM) and not b.is_not_supported(b.STATUS_SUCCESS)
+    with pytest.raises(b.CudnnError, match="CUDNN_STATUS_BAD_PARAM"):
+        b.workspace_result(b.STATUS_BAD_PARAM, 99)
+
+
+def test_find_keeps_each_algorithms_fastest_math_variant():
+    """Find lists an algorithm once per math type (recorded from cuDNN 9 with TF32 allowed): each name
+    keeps its fastest variant's time, workspace and math type, not the last one listed."""
+    conv = pytest.importorskip("minidnn.backend.cuda.conv", reason="CuPy is not installed")
+    # (algo, status, seconds, workspace, deterministic, tensor ops, math type), as Find returns them
+    recorded = [(1, 0, 0.8e-3, 4 << 20, True, True, 1), (6, 0, 0.9e-3, 8 << 20, True, True, 1),
+                (1, 0, 1.5e-3, 2 << 20, True, False, 0), (0, 0, 2.0e-3, 0, True, False, 0),
+                (6, 0, 2.5e-3, 12 << 20, True, False, 0)]
+    got = conv.fastest_variants(recorded, _FakeCudnn.FWD_ALGOS)
+    assert got == {"IMPLICIT_PRECOMP_GEMM": (4 << 20, 0.8e-3, 1), "WINOGRAD": (8 << 20, 0.9e-3, 1),
+                   "IMPLICIT_GEMM": (0, 2.0e-3, 0)}
+    assert conv.fastest_variants(list(reversed(recorded)), _FakeCudnn.FWD_ALGOS) == got   # order-free
+
+
 # -- on a GPU -------------------------------------------------------------------------------------------
 
 @needs_gpu
@@ -244,21 +271,61 @@ def test_the_planner_takes_a_devices_algorithms_and_times():
     assert any(tight.algos[s.index].workspace < free.algos[s.index].workspace for s in convs)
 
 
-@pytest.mark.parametrize("ctype", ["float", "double"])
-def test_raw_kernels_compile_with_nvrtc(ctype):
-    """The CUDA C of the reduction and pooling kernels compiles (NVRTC needs no GPU)."""
-    kernels = pytest.importorskip("minidnn.backend.cuda.kernels", reason="CuPy is not installed")
-    try:
-        from cupy_backends.cuda.libs import nvrtc
-        nvrtc.getVersion()
-    except Exception as e:
-        pytest.skip(f"NVRTC is not available: {e}")
-    for source in (kernels._REDUCE, kernels._POOL):
-        prog = nvrtc.createProgram(f"typedef {ctype} T;\n" + source, "minidnn.cu", [], [])
-        try:
-            nvrtc.compileProgram(prog, ["--std=c++14", "--gpu-architecture=compute_80"])
-        except Exception as e:
-            pytest.fail(f"{e}\n{nvrtc.getProgramLog(prog)}")
+class _OneOptionConv(_FakeConv):
+    """cuDNN with one usable algorithm per pass (as Find leaves for many layers under ``deterministic``),
+    with a workspace far below the CPU default's im2col."""
+
+    def __init__(self):
+        from minidnn.ops.base import Algo
+        self.lists = {"forward": [(Algo("IMPLICIT_GEMM", 256, 1.0), 1e-3)],
+                      "backward": [(Algo("ALGO_1/ALGO_1", 512, 1.0), 2e-3)]}
+
+
+def _planned_convs(conv, config):
+    from types import SimpleNamespace
+
+    from minidnn.autograd import build_schedule
+    from minidnn.backend.cuda.cost import DeviceCost
+    from minidnn.graph import trace
+    from minidnn.memory import plan_memory
+    from minidnn.memory.costmodel import ProfileCost
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.Flatten(),
+                        nn.Linear(16 * 8 * 8, 10)).init_parameters(0)
+    sched = build_schedule(trace(net, (8, 3, 8, 8), loss=nn.CrossEntropyLoss()), optimizer=optim.SGD(lr=0.1))
+    plan = plan_memory(sched, config, DeviceCost(ProfileCost("h200-141gb"), SimpleNamespace(conv=conv)))
+    convs = [s for s in sched.steps if s.node is not None and s.node.op.name == "conv2d"
+             and s.kind in ("forward", "backward")]
+    assert convs and all(sched.tensors[s.ws].nbytes > 4096 for s in convs)     # the CPU's im2col workspaces
+    return plan, convs
+
+
+def _workspaces(plan):
+    """The workspace bytes of each conv step the program runs, by algorithm name."""
+    prog = plan.program
+    return {(s.algo, prog.tensors[s.ws].nbytes if s.ws is not None else 0) for s in prog.steps
+            if s.node is not None and s.node.op.name == "conv2d" and s.kind in ("forward", "backward")}
+
+
+def test_a_step_with_one_device_algorithm_runs_it_with_its_own_workspace():
+    """One cuDNN option is still cuDNN's: the plan names it and charges its workspace, not im2col's."""
+    from minidnn.memory import MemoryConfig
+    plan, convs = _planned_convs(_OneOptionConv(), MemoryConfig())
+    assert {plan.algos[s.index].name for s in convs} == {"IMPLICIT_GEMM", "ALGO_1/ALGO_1"}
+    assert _workspaces(plan) == {("IMPLICIT_GEMM", 256), ("ALGO_1/ALGO_1", 512)}
+
+
+def test_default_algorithms_on_a_device_are_its_first_and_never_traded():
+    """``algorithms="default"`` pins the device's first-listed algorithm with its workspace under
+    every budget (cuDNN runs by name, not the CPU default's im2col workspace)."""
+    from minidnn.memory import MemoryConfig
+    free, convs = _planned_convs(_FakeConv(), MemoryConfig(algorithms="default"))
+    assert {free.algos[s.index].name for s in convs} == {"FAST", "ALGO_1/ALGO_1"}
+    assert _workspaces(free) == {("FAST", 1 << 20), ("ALGO_1/ALGO_1", 2 << 20)}
+    with pytest.raises(mdn.MemoryBudgetError) as e:                 # the least it needs: no algorithm traded
+        _planned_convs(_FakeConv(), MemoryConfig(algorithms="default", budget=4096))
+    tight, _ = _planned_convs(_FakeConv(), MemoryConfig(algorithms="default", budget=e.value.minimum_bytes))
+    assert tight.peak_bytes <= tight.budget < free.peak_bytes
+    assert {s.index: tight.algos[s.index].name for s in convs} == {s.index: free.algos[s.index].name for s in convs}
 
 
 class _DeviceArray:
@@ -301,7 +368,7 @@ class _FakeCudnn:
             self.output_shape = [n, o, (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
                                  (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1]
 
-        def forward_workspace(self, handle, algo):
+        def forward_workspace(self, handle, algo, math=-1):
             return 1000 * algo
 
         backward_data_workspace = backward_filter_workspace = forward_workspace
@@ -321,9 +388,9 @@ def test_find_times_are_cached_on_disk_so_every_trainer_plans_the_same(tmp_path)
     def fake_find(self, geom, pass_):
         runs.append(pass_)
         if pass_ == "forward":
-            return {"forward": {"GEMM": (2000, 2e-3), "IMPLICIT_GEMM": (0, 5e-3)}}
-        return {"data": {"ALGO_1": (1000, 1e-3), "ALGO_0": (0, 3e-3)},
-                "filter": {"ALGO_1": (1000, 1e-3), "ALGO_0": (0, 4e-3)}}
+            return {"forward": {"GEMM": (2000, 2e-3, 1), "IMPLICIT_GEMM": (0, 5e-3, 1)}}
+        return {"data": {"ALGO_1": (1000, 1e-3, 2), "ALGO_0": (0, 3e-3, 1)},
+                "filter": {"ALGO_1": (1000, 1e-3, 1), "ALGO_0": (0, 4e-3, 1)}}
 
     cache = AlgoCache(tmp_path / "algos.json")
     first = conv_mod.CudnnConv(_FakeCudnn, None, cache=cache, device_name="Fake GPU")
@@ -336,10 +403,24 @@ def test_find_times_are_cached_on_disk_so_every_trainer_plans_the_same(tmp_path)
     assert runs == ["forward", "backward"], "the second backend measured again instead of reading the cache"
     assert a == b
     assert [al.name for al, _ in a["forward"].values()] == ["GEMM", "IMPLICIT_GEMM"]
-    assert a["forward"]["GEMM"][0].workspace == 2000            # the workspace is cuDNN's, asked again
+    assert a["forward"]["GEMM"][0].workspace == 2000            # Find's own workspace, cached or not
+    assert second._math[(g, "data", "ALGO_1")] == 2                # and the math type it was timed with
     assert list(a["backward"]) == ["ALGO_1/ALGO_1", "ALGO_0/ALGO_0"]   # the time/workspace front
     assert a["backward"]["ALGO_0/ALGO_0"][1] == pytest.approx(7e-3)
     other = conv_mod.CudnnConv(_FakeCudnn, None, cache=cache, device_name="Another GPU")
     other._find = fake_find.__get__(other)
     other.timed(g, "forward")
     assert runs[-1] == "forward" and len(runs) == 3           # another GPU's times are its own
+
+
+def test_the_default_profile_on_a_gpu_is_that_gpus():
+    """MemoryConfig's default (the CPU's profile) times non-convolution steps and copies at the GPU's
+    speed on CUDA; an explicit GPU profile or "measured" stays."""
+    from minidnn.memory.config import CPU_PROFILE, MemoryConfig, gpu_profile
+    from minidnn.memory.profiles import get_profile
+    assert MemoryConfig().profile == CPU_PROFILE
+    assert gpu_profile(CPU_PROFILE, "NVIDIA H200") == "h200-141gb"
+    assert gpu_profile(CPU_PROFILE, "NVIDIA A100-SXM4-80GB") == "a100-40gb"
+    assert get_profile(gpu_profile(CPU_PROFILE, "Some Future GPU")).name.startswith("h100")
+    assert gpu_profile("v100-16gb", "NVIDIA H200") == "v100-16gb"
+    assert gpu_profile("measured", "NVIDIA H200") == "measured"

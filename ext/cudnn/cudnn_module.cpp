@@ -15,6 +15,7 @@
 
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,24 @@ void check(cudnnStatus_t s, const char* what) {
 }
 #define CHECK(call) check((call), #call)
 
+// Whether a status says "not supported for this layer". cuDNN 9 reports it as a category
+// (CUDNN_STATUS_NOT_SUPPORTED = 3000) with sub-codes 3001-3014 (..._SHAPE, ..._ARCH_MISMATCH,
+// ..._SHARED_MEMORY_INSUFFICIENT, e.g. for Winograd on Hopper); cuDNN 8 has the one code.
+bool not_supported(int s) {
+#ifdef CUDNN_STATUS_CATEGORY
+    return CUDNN_STATUS_CATEGORY(s) == static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED);
+#else
+    return s == static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED);
+#endif
+}
+
+// Workspace bytes of a workspace query, None where the algorithm is not supported, else CudnnError.
+py::object ws_or_none(int s, std::size_t bytes, const char* what) {
+    if (not_supported(s)) return py::none();
+    check(static_cast<cudnnStatus_t>(s), what);
+    return py::int_(bytes);
+}
+
 template <typename T>
 T* ptr(std::uintptr_t p) { return reinterpret_cast<T*>(p); }
 
@@ -60,14 +79,16 @@ static_assert(CUDNN_CONVOLUTION_FWD_ALGO_COUNT == 8, "forward algorithm names ou
 static_assert(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT == 6, "backward-data algorithm names out of date");
 static_assert(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT == 7, "backward-filter algorithm names out of date");
 
-// One result of Find or Get_v7: (algo, status, seconds or -1, workspace bytes, deterministic, tensor ops).
-using Perf = std::tuple<int, int, double, std::size_t, bool, bool>;
+// One result of Find or Get_v7: (algo, status, seconds or -1, workspace bytes, deterministic, tensor ops,
+// math type). Find lists an algorithm once per math type it tried: the math type is what a call must
+// set on the descriptor to run the variant that was timed, with the workspace that was measured.
+using Perf = std::tuple<int, int, double, std::size_t, bool, bool, int>;
 
 template <typename P>
 Perf perf(const P& p) {
     return Perf(static_cast<int>(p.algo), static_cast<int>(p.status), p.time < 0 ? -1.0 : p.time * 1e-3,
-                p.memory, p.determinism == CUDNN_DETERMINISTIC, p.mathType != CUDNN_DEFAULT_MATH &&
-                                                                     p.mathType != CUDNN_FMA_MATH);
+                p.memory, p.determinism == CUDNN_DETERMINISTIC,
+                p.mathType != CUDNN_DEFAULT_MATH && p.mathType != CUDNN_FMA_MATH, static_cast<int>(p.mathType));
 }
 
 // A cuDNN handle bound to one stream.
@@ -110,7 +131,7 @@ class Conv {
   public:
     Conv(int n, int c, int h, int w, int o, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw,
          int groups, const std::string& dtype, bool allow_tensor_ops)
-        : double_(dtype == "float64") {
+        : double_(dtype == "float64"), default_math_(allow_tensor_ops ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) {
         cudnnDataType_t dt = data_type(dtype);
         if (c % groups || o % groups) throw py::value_error("channels must be divisible by groups");
         try {
@@ -124,7 +145,8 @@ class Conv {
             CHECK(cudnnSetConvolution2dDescriptor(conv_, ph, pw, sh, sw, dh, dw, CUDNN_CROSS_CORRELATION,
                                                   dt == CUDNN_DATA_HALF ? CUDNN_DATA_FLOAT : dt));
             CHECK(cudnnSetConvolutionGroupCount(conv_, groups));
-            CHECK(cudnnSetConvolutionMathType(conv_, allow_tensor_ops ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+            CHECK(cudnnSetConvolutionMathType(conv_, default_math_));
+            math_ = default_math_;
             int on, oc, oh, ow;
             CHECK(cudnnGetConvolution2dForwardOutputDim(conv_, x_, w_, &on, &oc, &oh, &ow));
             CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, dt, on, oc, oh, ow));
@@ -140,44 +162,59 @@ class Conv {
 
     std::vector<int> output_shape() const { return out_; }
 
-    // Workspace bytes of one algorithm, or None where cuDNN does not support it for this layer.
-    py::object forward_workspace(const Handle& h, int algo) const {
+    // Workspace bytes of one algorithm with math type ``math`` (-1: the descriptor's own), or None
+    // where cuDNN does not support it for this layer.
+    py::object forward_workspace(const Handle& h, int algo, int math) {
         std::size_t b = 0;
+        set_math(math);
         return ws_or_none(cudnnGetConvolutionForwardWorkspaceSize(
                               h.get(), x_, w_, conv_, y_, static_cast<cudnnConvolutionFwdAlgo_t>(algo), &b),
                           b, "cudnnGetConvolutionForwardWorkspaceSize");
     }
-    py::object backward_data_workspace(const Handle& h, int algo) const {
+    py::object backward_data_workspace(const Handle& h, int algo, int math) {
         std::size_t b = 0;
+        set_math(math);
         return ws_or_none(cudnnGetConvolutionBackwardDataWorkspaceSize(
                               h.get(), w_, y_, conv_, x_, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), &b),
                           b, "cudnnGetConvolutionBackwardDataWorkspaceSize");
     }
-    py::object backward_filter_workspace(const Handle& h, int algo) const {
+    py::object backward_filter_workspace(const Handle& h, int algo, int math) {
         std::size_t b = 0;
+        set_math(math);
         return ws_or_none(cudnnGetConvolutionBackwardFilterWorkspaceSize(
                               h.get(), x_, y_, conv_, w_, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &b),
                           b, "cudnnGetConvolutionBackwardFilterWorkspaceSize");
     }
 
-    // Heuristics (no kernel runs): every algorithm, best first.
-    std::vector<Perf> forward_heuristics(const Handle& h) const {
-        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    // Heuristics (no kernel runs): every algorithm, best first. The result arrays hold what cuDNN
+    // says it may return (Get*AlgorithmMaxCount: an algorithm may come once per math type), not
+    // the enumerators' count.
+    std::vector<Perf> forward_heuristics(const Handle& h) {
+        int n = 0;
+        CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h.get(), &n));
+        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(std::max(n, 1));
         int got = 0;
+        set_math(-1);
         CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h.get(), x_, w_, conv_, y_, static_cast<int>(r.size()), &got,
                                                      r.data()));
         return perfs(r, got);
     }
-    std::vector<Perf> backward_data_heuristics(const Handle& h) const {
-        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    std::vector<Perf> backward_data_heuristics(const Handle& h) {
+        int n = 0;
+        CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h.get(), &n));
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(std::max(n, 1));
         int got = 0;
+        set_math(-1);
         CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h.get(), w_, y_, conv_, x_, static_cast<int>(r.size()),
                                                           &got, r.data()));
         return perfs(r, got);
     }
-    std::vector<Perf> backward_filter_heuristics(const Handle& h) const {
-        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    std::vector<Perf> backward_filter_heuristics(const Handle& h) {
+        int n = 0;
+        CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h.get(), &n));
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(std::max(n, 1));
         int got = 0;
+        set_math(-1);
         CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h.get(), x_, y_, conv_, w_, static_cast<int>(r.size()),
                                                             &got, r.data()));
         return perfs(r, got);
@@ -186,9 +223,12 @@ class Conv {
     // Find: runs every algorithm on the caller's buffers (outputs are overwritten) with at most
     // ws_bytes of workspace at ws; measured times in seconds, fastest first. Synchronous.
     std::vector<Perf> find_forward(const Handle& h, std::uintptr_t x, std::uintptr_t w, std::uintptr_t y,
-                                   std::uintptr_t ws, std::size_t ws_bytes) const {
-        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+                                   std::uintptr_t ws, std::size_t ws_bytes) {
+        int n = 0;
+        CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h.get(), &n));
+        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(std::max(n, 1));
         int got = 0;
+        set_math(-1);
         {
             py::gil_scoped_release nogil;
             CHECK(cudnnFindConvolutionForwardAlgorithmEx(h.get(), x_, ptr<void>(x), w_, ptr<void>(w), conv_, y_,
@@ -198,9 +238,12 @@ class Conv {
         return perfs(r, got);
     }
     std::vector<Perf> find_backward_data(const Handle& h, std::uintptr_t w, std::uintptr_t dy, std::uintptr_t dx,
-                                         std::uintptr_t ws, std::size_t ws_bytes) const {
-        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+                                         std::uintptr_t ws, std::size_t ws_bytes) {
+        int n = 0;
+        CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h.get(), &n));
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(std::max(n, 1));
         int got = 0;
+        set_math(-1);
         {
             py::gil_scoped_release nogil;
             CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h.get(), w_, ptr<void>(w), y_, ptr<void>(dy), conv_, x_,
@@ -210,9 +253,12 @@ class Conv {
         return perfs(r, got);
     }
     std::vector<Perf> find_backward_filter(const Handle& h, std::uintptr_t x, std::uintptr_t dy, std::uintptr_t dw,
-                                           std::uintptr_t ws, std::size_t ws_bytes) const {
-        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+                                           std::uintptr_t ws, std::size_t ws_bytes) {
+        int n = 0;
+        CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h.get(), &n));
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(std::max(n, 1));
         int got = 0;
+        set_math(-1);
         {
             py::gil_scoped_release nogil;
             CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h.get(), x_, ptr<void>(x), y_, ptr<void>(dy), conv_,
@@ -222,24 +268,28 @@ class Conv {
         return perfs(r, got);
     }
 
-    // The passes, queued on the handle's stream: out = alpha * conv + beta * out.
+    // The passes, queued on the handle's stream: out = alpha * conv + beta * out, with math type
+    // ``math`` (the one Find timed the algorithm with; -1: the descriptor's own).
     void forward(const Handle& h, std::uintptr_t x, std::uintptr_t w, std::uintptr_t y, int algo, std::uintptr_t ws,
-                 std::size_t ws_bytes, double alpha, double beta) const {
+                 std::size_t ws_bytes, double alpha, double beta, int math) {
         Scalars s(double_, alpha, beta);
+        set_math(math);
         CHECK(cudnnConvolutionForward(h.get(), s.alpha(), x_, ptr<void>(x), w_, ptr<void>(w), conv_,
                                       static_cast<cudnnConvolutionFwdAlgo_t>(algo), ptr<void>(ws), ws_bytes,
                                       s.beta(), y_, ptr<void>(y)));
     }
     void backward_data(const Handle& h, std::uintptr_t w, std::uintptr_t dy, std::uintptr_t dx, int algo,
-                       std::uintptr_t ws, std::size_t ws_bytes, double alpha, double beta) const {
+                       std::uintptr_t ws, std::size_t ws_bytes, double alpha, double beta, int math) {
         Scalars s(double_, alpha, beta);
+        set_math(math);
         CHECK(cudnnConvolutionBackwardData(h.get(), s.alpha(), w_, ptr<void>(w), y_, ptr<void>(dy), conv_,
                                            static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ptr<void>(ws), ws_bytes,
                                            s.beta(), x_, ptr<void>(dx)));
     }
     void backward_filter(const Handle& h, std::uintptr_t x, std::uintptr_t dy, std::uintptr_t dw, int algo,
-                         std::uintptr_t ws, std::size_t ws_bytes, double alpha, double beta) const {
+                         std::uintptr_t ws, std::size_t ws_bytes, double alpha, double beta, int math) {
         Scalars s(double_, alpha, beta);
+        set_math(math);
         CHECK(cudnnConvolutionBackwardFilter(h.get(), s.alpha(), x_, ptr<void>(x), y_, ptr<void>(dy), conv_,
                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ptr<void>(ws),
                                              ws_bytes, s.beta(), w_, ptr<void>(dw)));
@@ -257,10 +307,14 @@ class Conv {
         const void* beta() const { return dbl ? static_cast<const void*>(&d[1]) : &f[1]; }
     };
 
-    static py::object ws_or_none(cudnnStatus_t s, std::size_t bytes, const char* what) {
-        if (s == CUDNN_STATUS_NOT_SUPPORTED) return py::none();
-        check(s, what);
-        return py::int_(bytes);
+    // The descriptor is the convolution's for every call, so each call sets the math type it runs
+    // with (the call before may have set another).
+    void set_math(int math) {
+        const cudnnMathType_t m = math < 0 ? default_math_ : static_cast<cudnnMathType_t>(math);
+        if (m != math_) {
+            CHECK(cudnnSetConvolutionMathType(conv_, m));
+            math_ = m;
+        }
     }
     template <typename P>
     static std::vector<Perf> perfs(const std::vector<P>& r, int got) {
@@ -279,6 +333,7 @@ class Conv {
     }
 
     bool double_;
+    cudnnMathType_t default_math_, math_ = CUDNN_DEFAULT_MATH;
     cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
     cudnnFilterDescriptor_t w_ = nullptr;
     cudnnConvolutionDescriptor_t conv_ = nullptr;
@@ -315,6 +370,11 @@ PYBIND11_MODULE(_cudnn, m) {
           "status"_a, "cuDNN's name of a cudnnStatus_t value.");
     m.def("check_status", [](int status, const std::string& what) { check(static_cast<cudnnStatus_t>(status), what.c_str()); },
           "status"_a, "what"_a, "Raise CudnnError for a failing status, as every call of this module does.");
+    m.def("is_not_supported", &not_supported, "status"_a,
+          "Whether a status means \"not supported for this layer\" (cuDNN 9: the category and its sub-codes).");
+    m.def("workspace_result", [](int status, std::size_t bytes) { return ws_or_none(status, bytes, "a workspace query"); },
+          "status"_a, "bytes"_a,
+          "What a workspace query returns for a status: bytes, None where not supported, else CudnnError.");
     m.attr("FWD_ALGOS") = kFwdNames;
     m.attr("BWD_DATA_ALGOS") = kBwdDataNames;
     m.attr("BWD_FILTER_ALGOS") = kBwdFilterNames;
@@ -330,14 +390,14 @@ PYBIND11_MODULE(_cudnn, m) {
 
     py::class_<Conv>(m, "Conv",
                      "Descriptors of one NCHW convolution. Perf tuples are (algo, status, seconds or -1,\n"
-                     "workspace bytes, deterministic, uses tensor ops).")
+                     "workspace bytes, deterministic, uses tensor ops, math type).")
         .def(py::init<int, int, int, int, int, int, int, int, int, int, int, int, int, int, const std::string&, bool>(),
              "n"_a, "c"_a, "h"_a, "w"_a, "o"_a, "kh"_a, "kw"_a, "sh"_a, "sw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a,
              "groups"_a, "dtype"_a, "allow_tensor_ops"_a = false)
         .def_property_readonly("output_shape", &Conv::output_shape)
-        .def("forward_workspace", &Conv::forward_workspace, "handle"_a, "algo"_a)
-        .def("backward_data_workspace", &Conv::backward_data_workspace, "handle"_a, "algo"_a)
-        .def("backward_filter_workspace", &Conv::backward_filter_workspace, "handle"_a, "algo"_a)
+        .def("forward_workspace", &Conv::forward_workspace, "handle"_a, "algo"_a, "math"_a = -1)
+        .def("backward_data_workspace", &Conv::backward_data_workspace, "handle"_a, "algo"_a, "math"_a = -1)
+        .def("backward_filter_workspace", &Conv::backward_filter_workspace, "handle"_a, "algo"_a, "math"_a = -1)
         .def("forward_heuristics", &Conv::forward_heuristics, "handle"_a)
         .def("backward_data_heuristics", &Conv::backward_data_heuristics, "handle"_a)
         .def("backward_filter_heuristics", &Conv::backward_filter_heuristics, "handle"_a)
@@ -347,9 +407,9 @@ PYBIND11_MODULE(_cudnn, m) {
         .def("find_backward_filter", &Conv::find_backward_filter, "handle"_a, "x"_a, "dy"_a, "dw"_a, "ws"_a,
              "ws_bytes"_a)
         .def("forward", &Conv::forward, "handle"_a, "x"_a, "w"_a, "y"_a, "algo"_a, "ws"_a, "ws_bytes"_a,
-             "alpha"_a = 1.0, "beta"_a = 0.0)
+             "alpha"_a = 1.0, "beta"_a = 0.0, "math"_a = -1)
         .def("backward_data", &Conv::backward_data, "handle"_a, "w"_a, "dy"_a, "dx"_a, "algo"_a, "ws"_a,
-             "ws_bytes"_a, "alpha"_a = 1.0, "beta"_a = 0.0)
+             "ws_bytes"_a, "alpha"_a = 1.0, "beta"_a = 0.0, "math"_a = -1)
         .def("backward_filter", &Conv::backward_filter, "handle"_a, "x"_a, "dy"_a, "dw"_a, "algo"_a, "ws"_a,
-             "ws_bytes"_a, "alpha"_a = 1.0, "beta"_a = 0.0);
+             "ws_bytes"_a, "alpha"_a = 1.0, "beta"_a = 0.0, "math"_a = -1);
 }

@@ -193,6 +193,10 @@ class CopyStream:
             err, self._error = self._error, None
             raise RuntimeError(f"copy stream failed: {err}") from err
 
+    def settle(self):
+        """Nothing to do: the copy thread reports each span as its copy ends (the CUDA stream reads
+        its spans here, before the trace closes)."""
+
     def drain(self):
         """Wait until every queued copy is done, and forget a failed one's error (its iteration was
         abandoned): after an exception, nothing lands later in memory the next iteration uses."""

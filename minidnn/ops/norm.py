@@ -19,6 +19,19 @@ from .base import Op, apply
 from .elementwise import AddOp
 
 
+def update_running_stats(xp, rmean, rvar, mean, var, momentum, m):
+    """PyTorch's running statistics' update from a batch of ``m`` values per channel, unless the
+    batch's statistics are not finite (its loss will be refused, leaving the model as it was).
+
+    The test stays on the device: both updates are computed and the old values kept where the
+    batch is not finite (``copyto(where=)`` with a 0-d mask), so a CuPy step does not wait for
+    the GPU here twice per BatchNorm (``bool`` of a device array is a host sync). The arithmetic
+    is the in-place update's, rounded the same way."""
+    finite = xp.isfinite(mean).all() & xp.isfinite(var).all()
+    xp.copyto(rmean, rmean * (1 - momentum) + momentum * mean, where=finite)
+    xp.copyto(rvar, rvar * (1 - momentum) + (momentum * m / (m - 1)) * var, where=finite)
+
+
 class BatchNorm2dOp(Op):
     name = "batch_norm2d"
     saved_inputs = (0, 1)
@@ -58,14 +71,8 @@ class BatchNorm2dOp(Op):
         m = x.shape[0] * x.shape[2] * x.shape[3]
         if ctx.sync is not None:                 # data-parallel: the global mini-batch's statistics
             m = ctx.sync.statistics(mean, invstd, m)
-        # statistics move once a step, and never towards a non-finite batch (whose loss
-        # will be refused, leaving the model as it was)
-        if not ctx.recompute and xp.isfinite(mean).all() and xp.isfinite(invstd).all():
-            mom = self.momentum
-            rmean *= 1 - mom
-            rmean += mom * mean
-            rvar *= 1 - mom
-            rvar += (mom * m / (m - 1)) * invstd
+        if not ctx.recompute:                    # statistics move once a step
+            update_running_stats(xp, rmean, rvar, mean, invstd, self.momentum, m)
         invstd += self.eps
         xp.sqrt(invstd, out=invstd)
         xp.reciprocal(invstd, out=invstd)

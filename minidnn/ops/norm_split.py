@@ -27,7 +27,9 @@ chain rule):
 So, as in the unsplit kernel, gx is formed from gy in one expression (in float64,
 rounded once), and gamma's and beta's gradients from the full float64 sums.
 Per-channel sums go through float64 scratch a sixteenth of the rows at a time,
-so no op allocates a sub-batch-sized temporary. ``split_graph`` checks
+so no op allocates a sub-batch-sized temporary. Every array is made with the
+backend's array module (``ctx.xp``): a NumPy index or temporary beside CuPy
+arrays fails on the cuda backend. ``split_graph`` checks
 that a BatchNorm's input has no other reader, which the in-place step 3 needs.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..graph import Spec
 from .base import Op, carve, nbytes_of
+from .norm import update_running_stats
 
 F64 = np.dtype(np.float64)
 
@@ -50,19 +53,28 @@ def _block(x, n=1):
     return [((-(-rows // BLOCKS), x.shape[2] * x.shape[3]), F64)] * n
 
 
-def _blocks(x, *arrays):
-    """(channel of each row, the same rows of each array) for successive row blocks of (N*C, H*W) views."""
+def _blocks(xp, x, *arrays):
+    """(first row, channel of each row, the same rows of each array) for successive row blocks of
+    (N*C, H*W) views."""
     n, c = x.shape[0], x.shape[1]
     flat = [a.reshape(n * c, -1) for a in arrays]
     step = -(-n * c // BLOCKS)
     for r0 in range(0, n * c, step):
         r1 = min(r0 + step, n * c)
-        yield np.arange(r0, r1) % c, [f[r0:r1] for f in flat]
+        yield r0, xp.arange(r0, r1) % c, [f[r0:r1] for f in flat]
 
 
-def _per_channel(ch, rows, c):
-    """Sum of each row of ``rows`` into its channel."""
-    return np.bincount(ch, weights=rows.sum(axis=1), minlength=c)
+def _per_channel(xp, r0, rows, c):
+    """Sum of each row of ``rows`` (rows r0.. of an (N*C, H*W) view) into its channel, row after row.
+
+    The row sums are laid out (rows, C) and summed down the columns, not with bincount: CuPy's
+    bincount adds its weights with atomics, in no fixed order, and NumPy's adds them in row order,
+    which the column sum keeps (the same bits)."""
+    s = rows.sum(axis=1)
+    lead = r0 % c
+    padded = xp.zeros(-(-(lead + len(s)) // c) * c, F64)
+    padded[lead:lead + len(s)] = s
+    return padded.reshape(-1, c).sum(axis=0)
 
 
 class BatchNormStatsOp(Op):
@@ -93,39 +105,39 @@ class BatchNormStatsOp(Op):
         return nbytes_of(_block(ins[0], 2))
 
     def forward(self, ctx, ins, outs, ws):
-        x, st = ins[0], outs[0]
+        xp, x, st = ctx.xp, ins[0], outs[0]
         c = x.shape[1]
         (w,) = carve(ws, _block(x))
         st[...] = 0
-        for ch, (xr,) in _blocks(x, x):
+        for r0, ch, (xr,) in _blocks(xp, x, x):
             v = w[:len(ch)]
-            np.copyto(v, xr)
-            st[0] += _per_channel(ch, v, c)
+            xp.copyto(v, xr)
+            st[0] += _per_channel(xp, r0, v, c)
         st[2] = x.size // c
         st[0] /= st[2]
-        for ch, (xr,) in _blocks(x, x):
+        for r0, ch, (xr,) in _blocks(xp, x, x):
             v = w[:len(ch)]
-            np.copyto(v, xr)
+            xp.copyto(v, xr)
             v -= st[0][ch, None]
-            np.square(v, out=v)
-            st[1] += _per_channel(ch, v, c)
+            xp.square(v, out=v)
+            st[1] += _per_channel(xp, r0, v, c)
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
         if 0 not in ctx.accumulate:
             raise RuntimeError("batch_norm2d_stats: the input's gradient buffer must hold gy from its "
                                "batch_norm2d_apply (built by split_graph)")
-        x, st, (scale, shift, slope), gx = ins[0], outs[0], gouts[0], gins[0]
+        xp, x, st, (scale, shift, slope), gx = ctx.xp, ins[0], outs[0], gouts[0], gins[0]
         w, u = carve(ws, _block(x, 2))
-        for ch, (xr, gr) in _blocks(x, x, gx):
+        for _, ch, (xr, gr) in _blocks(xp, x, x, gx):
             v, t = w[:len(ch)], u[:len(ch)]
-            np.copyto(v, xr)
+            xp.copyto(v, xr)
             v -= st[0][ch, None]
             v *= -slope[ch, None]
             v -= shift[ch, None]
-            np.copyto(t, gr)
+            xp.copyto(t, gr)
             t *= scale[ch, None]
             v += t
-            np.copyto(gr, v, casting="same_kind")
+            xp.copyto(gr, v, casting="same_kind")
 
 
 class BatchNormCombineOp(Op):
@@ -158,7 +170,7 @@ class BatchNormCombineOp(Op):
         return 8.0 * self.k * ins[-1].shape[0]
 
     def forward(self, ctx, ins, outs, ws):
-        k = self.k
+        xp, k = ctx.xp, self.k
         stats, rmean, rvar = ins[:k], ins[k + 2], ins[k + 3]
         n = sum(float(s[2][0]) for s in stats)
         mean = sum(s[2] * s[0] for s in stats) / n
@@ -166,24 +178,20 @@ class BatchNormCombineOp(Op):
         # from here on, the unsplit op's arithmetic in the training dtype
         dt = rmean.dtype
         mean_t, var_t = mean.astype(dt), (m2 / n).astype(dt)
-        if not ctx.recompute and np.isfinite(mean_t).all() and np.isfinite(var_t).all():
-            mom = self.momentum
-            rmean *= 1 - mom
-            rmean += mom * mean_t
-            rvar *= 1 - mom
-            rvar += (mom * n / (n - 1)) * var_t
+        if not ctx.recompute:
+            update_running_stats(xp, rmean, rvar, mean_t, var_t, self.momentum, n)
         var_t += self.eps
-        np.sqrt(var_t, out=var_t)
-        np.reciprocal(var_t, out=var_t)
+        xp.sqrt(var_t, out=var_t)
+        xp.reciprocal(var_t, out=var_t)
         outs[0][...] = mean_t
         outs[1][...] = var_t
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        k = self.k
+        xp, k = ctx.xp, self.k
         stats, gamma = ins[:k], ins[k]
         mean, invstd = outs
-        sum_gy = gouts[0] if gouts[0] is not None else np.zeros_like(mean)
-        sum_gyx = gouts[1] if gouts[1] is not None else np.zeros_like(mean)
+        sum_gy = gouts[0] if gouts[0] is not None else xp.zeros_like(mean)
+        sum_gyx = gouts[1] if gouts[1] is not None else xp.zeros_like(mean)
         n = sum(float(s[2][0]) for s in stats)
         scale = gamma * invstd
         slope = scale * invstd ** 2 * sum_gyx / n
@@ -227,21 +235,21 @@ class BatchNormApplyOp(Op):
         ctx.k.bn_forward_train(x, gamma, beta, mean.astype(x.dtype), invstd.astype(x.dtype), outs[0])
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        x, mean, gy = ins[0], ins[3], gouts[0]
+        xp, x, mean, gy = ctx.xp, ins[0], ins[3], gouts[0]
         gx, _, _, sum_gy, sum_gyx = gins
         c = x.shape[1]
         (w,) = carve(ws, _block(x))
-        sums = np.zeros((2, c), F64)
-        for ch, (xr, gr) in _blocks(x, x, gy):
+        sums = xp.zeros((2, c), F64)
+        for r0, ch, (xr, gr) in _blocks(xp, x, x, gy):
             v = w[:len(ch)]
-            np.copyto(v, gr)
-            sums[0] += _per_channel(ch, v, c)
-            np.copyto(v, xr)
+            xp.copyto(v, gr)
+            sums[0] += _per_channel(xp, r0, v, c)
+            xp.copyto(v, xr)
             v -= mean[ch, None]
             v *= gr
-            sums[1] += _per_channel(ch, v, c)
+            sums[1] += _per_channel(xp, r0, v, c)
         if gx is not None:
-            np.copyto(gx, gy)
+            xp.copyto(gx, gy)
         if sum_gy is not None:
             sum_gy[...] = sums[0]
         if sum_gyx is not None:

@@ -11,14 +11,20 @@ trades them exactly as it trades the CPU algorithms. With ``deterministic``
 only deterministic algorithms are listed, so that a run under a budget stays
 bitwise identical to the unlimited run.
 
-``algo=None`` (a plan that pins defaults) runs the first algorithm of cuDNN's
-heuristics whose workspace fits the buffer handed in.
+``algo=None`` runs the first algorithm of cuDNN's heuristics whose workspace
+fits the buffer handed in (chosen once per layer, pass and buffer size).
 
-Find's times go to the on-disk algorithm cache the CPU's measurements use
+Find lists an algorithm once per math type it tried (with TF32: the FMA and
+the tensor-op variant); each algorithm keeps its fastest variant, and a call
+sets that variant's math type on the descriptor, so the plan runs what was timed
+with the workspace that was measured. Find's results (time, workspace, math
+type) go to the on-disk algorithm cache the CPU's measurements use
 (``minidnn.algo_cache``), keyed by layer, pass, GPU and cuDNN version: every
-trainer of the machine then sees the same times and plans the same algorithms
-(Find's timing noise would otherwise let two runs of one model pick different
-algorithms and differ in the last bits).
+trainer of the machine then sees the same results and plans the same algorithms
+with the same workspaces, whether Find ran or the cache answered (Find's timing
+noise would otherwise let two runs of one model pick different algorithms and
+differ in the last bits). Find's scratch arrays go back to CuPy's pool's owner
+(the driver) when it is done, so they hold no device memory beside the arena.
 """
 from __future__ import annotations
 
@@ -51,6 +57,8 @@ class CudnnConv:
         self.cache, self.device_name = cache, device_name
         self._descs = {}      # Geom -> cudnn.Conv
         self._found = {}      # (Geom, pass) -> {name: (Algo, seconds)}
+        self._math = {}       # (Geom, role, algorithm name) -> the math type Find timed it with
+        self._picked = {}     # (Geom, role, name, workspace bytes) -> (algorithm, math type) of a call
 
     # -- descriptors -----------------------------------------------------
     def desc(self, g: Geom):
@@ -76,7 +84,7 @@ class CudnnConv:
         return [p for p in perfs if p[1] == ok and (p[4] or not self.deterministic)]
 
     def _find(self, g: Geom, pass_):
-        """{name: (workspace, seconds)} per half ("forward", "data", "filter"), measured by Find."""
+        """{name: (workspace, seconds, math type)} per half ("forward", "data", "filter"), measured by Find."""
         d, h = self.desc(g), self.handle
         rng = cp.random.default_rng(0)
         x = rng.standard_normal((g.n, g.c, g.h, g.w), dtype=g.dtype)
@@ -92,40 +100,48 @@ class CudnnConv:
             sizes = [ws_of(h, a) for a in range(len(names))]
             cap = min(FIND_WORKSPACE_CAP, max([s for s in sizes if s is not None] or [0]))
             ws = cp.empty(cap, np.uint8)
-            out[role] = {names[p[0]]: (p[3], p[2]) for p in self._usable(find(h, *map(_ptr, bufs), _ptr(ws), cap))}
+            out[role] = fastest_variants(self._usable(find(h, *map(_ptr, bufs), _ptr(ws), cap)), names)
             del ws
         cp.cuda.get_current_stream().synchronize()
+        del x, w, y
+        # Find's scratch (up to FIND_WORKSPACE_CAP and three layer-sized arrays) would otherwise stay in
+        # CuPy's pool, device memory held beside the arena that no plan counts
+        cp.get_default_memory_pool().free_all_blocks()
         return out
 
     def _cache_key(self, g: Geom, pass_) -> str:
-        return json.dumps({"v": 1, "op": "conv2d", "pass": pass_, "backend": "cuda", "device": self.device_name,
+        return json.dumps({"v": 2, "op": "conv2d", "pass": pass_, "backend": "cuda", "device": self.device_name,
                            "cudnn": self.cudnn.version(), "tf32": self.tf32, "deterministic": self.deterministic,
                            "geom": [g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.oh, g.ow, list(g.stride),
                                     list(g.padding), list(g.dilation), g.groups], "dtype": np.dtype(g.dtype).name},
                           sort_keys=True, separators=(",", ":"))
 
     def _halves(self, g: Geom, pass_):
-        """Find's {role: {name: (workspace, seconds)}}, from the cache when it has this layer."""
+        """Find's {role: {name: (workspace, seconds, math type)}}, from the cache when it has this layer.
+
+        The cache holds exactly what Find returned, workspaces included, so that a layer plans the
+        same whether Find ran in this process or an earlier one did."""
         key = self._cache_key(g, pass_) if self.cache else None
         hit = self.cache.get(key) if self.cache else None
         roles = ("forward",) if pass_ == "forward" else ("data", "filter")
-        if hit:
-            d = self.desc(g)
-            ws_of = {"forward": (d.forward_workspace, self.cudnn.FWD_ALGOS),
-                     "data": (d.backward_data_workspace, self.cudnn.BWD_DATA_ALGOS),
-                     "filter": (d.backward_filter_workspace, self.cudnn.BWD_FILTER_ALGOS)}
+        names = {"forward": self.cudnn.FWD_ALGOS, "data": self.cudnn.BWD_DATA_ALGOS,
+                 "filter": self.cudnn.BWD_FILTER_ALGOS}
+        if hit:      # the cache's entries are numbers: "role:name" seconds, ":ws" bytes, ":math" math type
             out = {r: {} for r in roles}
             for k, t in hit.items():
                 role, name = k.split(":", 1)
-                fn, names = ws_of.get(role, (None, ()))
-                ws = fn(self.handle, names.index(name)) if role in out and name in names else None
-                if ws is not None:
-                    out[role][name] = (ws, t)
+                ws, math = hit.get(f"{k}:ws"), hit.get(f"{k}:math")
+                if role in out and name in names[role] and ws is not None and math is not None:
+                    out[role][name] = (int(ws), float(t), int(math))
             if all(out[r] for r in roles):
                 return out
         out = self._find(g, pass_)
         if self.cache:
-            self.cache.put(key, {f"{r}:{n}": t for r in out for n, (_, t) in out[r].items()})
+            entry = {}
+            for r in out:
+                for n, (ws, t, math) in out[r].items():
+                    entry.update({f"{r}:{n}": t, f"{r}:{n}:ws": ws, f"{r}:{n}:math": math})
+            self.cache.put(key, entry)
         return out
 
     def timed(self, g: Geom, pass_) -> dict:
@@ -133,10 +149,14 @@ class CudnnConv:
         key = (g, pass_)
         if key not in self._found:
             halves = self._halves(g, pass_)
+            for role, found in halves.items():
+                for n, (_, _, math) in found.items():
+                    self._math[(g, role, n)] = math
             if pass_ == "forward":
-                items = [(n, ws, t) for n, (ws, t) in halves["forward"].items()]
+                items = [(n, ws, t) for n, (ws, t, _) in halves["forward"].items()]
             else:
-                items = _pareto_pairs(halves["data"], halves["filter"])
+                items = _pareto_pairs({n: v[:2] for n, v in halves["data"].items()},
+                                      {n: v[:2] for n, v in halves["filter"].items()})
             items.sort(key=lambda it: (it[2], it[1]))
             if not items:
                 raise RuntimeError(f"cuDNN offers no usable {pass_} algorithm for {g}")
@@ -152,29 +172,40 @@ class CudnnConv:
         return None if hit is None else hit[1]
 
     # -- choosing the algorithm of a call ---------------------------------
-    def _pick(self, d, role, name, ws):
+    def _pick(self, g, d, role, name, ws):
+        """(algorithm, math type) of a call: the named one with the math type Find timed it with, or
+        the heuristics' first that fits ``ws``; worked out once per layer, pass and workspace size
+        (the heuristics and workspace queries are host calls into cuDNN, not free per step)."""
+        key = (g, role, name, _nbytes(ws))
+        hit = self._picked.get(key)
+        if hit is None:
+            hit = self._picked[key] = self._choose(g, d, role, name, _nbytes(ws))
+        return hit
+
+    def _choose(self, g, d, role, name, nbytes):
         names = {"forward": self.cudnn.FWD_ALGOS, "data": self.cudnn.BWD_DATA_ALGOS,
                  "filter": self.cudnn.BWD_FILTER_ALGOS}[role]
         if name is not None:
             if name not in names:
                 raise ValueError(f"unknown cuDNN {role} algorithm {name!r} (one of {', '.join(names)}); plans for "
                                  f"the cuda backend name cuDNN's algorithms")
-            return names.index(name)
+            return names.index(name), self._math.get((g, role, name), -1)
         heur = {"forward": d.forward_heuristics, "data": d.backward_data_heuristics,
                 "filter": d.backward_filter_heuristics}[role](self.handle)
         ws_of = {"forward": d.forward_workspace, "data": d.backward_data_workspace,
                  "filter": d.backward_filter_workspace}[role]
         for p in self._usable(heur):
-            need = ws_of(self.handle, p[0])
-            if need is not None and need <= _nbytes(ws):
-                return p[0]
-        raise RuntimeError(f"no cuDNN {role} algorithm fits a workspace of {_nbytes(ws)} bytes")
+            need = ws_of(self.handle, p[0], p[6])
+            if need is not None and need <= nbytes:
+                return p[0], p[6]
+        raise RuntimeError(f"no cuDNN {role} algorithm fits a workspace of {nbytes} bytes")
 
     # -- the passes, with ops.conv_algos' signatures ------------------------
     def forward(self, op, k, x, w, b, y, ws, name):
         g = Geom.of(op, x, w, y)
         d = self.desc(g)
-        d.forward(self.handle, _ptr(x), _ptr(w), _ptr(y), self._pick(d, "forward", name, ws), _ptr(ws), _nbytes(ws))
+        algo, math = self._pick(g, d, "forward", name, ws)
+        d.forward(self.handle, _ptr(x), _ptr(w), _ptr(y), algo, _ptr(ws), _nbytes(ws), math=math)
         if b is not None:
             k.conv2d_add_bias(y, b)
 
@@ -185,31 +216,46 @@ class CudnnConv:
         if gb is not None:
             k.conv2d_bias_grad(gy, gb)
         if gw is not None:
-            d.backward_filter(self.handle, _ptr(x), _ptr(gy), _ptr(gw), self._pick(d, "filter", fn, ws), _ptr(ws),
-                              _nbytes(ws))
+            algo, math = self._pick(g, d, "filter", fn, ws)
+            d.backward_filter(self.handle, _ptr(x), _ptr(gy), _ptr(gw), algo, _ptr(ws), _nbytes(ws), math=math)
         if gx is not None:
-            d.backward_data(self.handle, _ptr(w), _ptr(gy), _ptr(gx), self._pick(d, "data", dn, ws), _ptr(ws),
-                            _nbytes(ws))
+            algo, math = self._pick(g, d, "data", dn, ws)
+            d.backward_data(self.handle, _ptr(w), _ptr(gy), _ptr(gx), algo, _ptr(ws), _nbytes(ws), math=math)
 
     # ConvTranspose2d: its forward is the backward-data of the convolution from its output to its
     # input, its backward-data that convolution's forward, its filter gradient that one's.
     def transpose_forward(self, op, k, x, w, b, y, ws):
-        d = self.desc(self.transposed_geom(op, x, w, y))
-        d.backward_data(self.handle, _ptr(w), _ptr(x), _ptr(y), self._pick(d, "data", None, ws), _ptr(ws),
-                        _nbytes(ws))
+        g = self.transposed_geom(op, x, w, y)
+        d = self.desc(g)
+        algo, math = self._pick(g, d, "data", None, ws)
+        d.backward_data(self.handle, _ptr(w), _ptr(x), _ptr(y), algo, _ptr(ws), _nbytes(ws), math=math)
         if b is not None:
             k.conv2d_add_bias(y, b)
 
     def transpose_backward(self, op, k, x, w, gy, gx, gw, gb, ws):
-        d = self.desc(self.transposed_geom(op, x if x is not None else gx, w, gy))
+        g = self.transposed_geom(op, x if x is not None else gx, w, gy)
+        d = self.desc(g)
         if gb is not None:
             k.conv2d_bias_grad(gy, gb)
         if gw is not None:
-            d.backward_filter(self.handle, _ptr(gy), _ptr(x), _ptr(gw), self._pick(d, "filter", None, ws), _ptr(ws),
-                              _nbytes(ws))
+            algo, math = self._pick(g, d, "filter", None, ws)
+            d.backward_filter(self.handle, _ptr(gy), _ptr(x), _ptr(gw), algo, _ptr(ws), _nbytes(ws), math=math)
         if gx is not None:
-            d.forward(self.handle, _ptr(gy), _ptr(w), _ptr(gx), self._pick(d, "forward", None, ws), _ptr(ws),
-                      _nbytes(ws))
+            algo, math = self._pick(g, d, "forward", None, ws)
+            d.forward(self.handle, _ptr(gy), _ptr(w), _ptr(gx), algo, _ptr(ws), _nbytes(ws), math=math)
+
+
+def fastest_variants(perfs, names) -> dict:
+    """{name: (workspace, seconds, math type)} from Find's results: each algorithm once, its fastest
+    variant (Find lists one per math type it tried; of equal times the smaller workspace).
+
+    A dict built from Find's list kept each algorithm's last entry - the slowest variant's time
+    beside, at run time, the descriptor's own math type, whose workspace may be larger than the
+    one planned."""
+    best = {}
+    for p in sorted(perfs, key=lambda p: (p[2], p[3], p[0], p[6])):
+        best.setdefault(names[p[0]], (int(p[3]), float(p[2]), int(p[6])))
+    return best
 
 
 def _pareto_pairs(data: dict, filt: dict) -> list:

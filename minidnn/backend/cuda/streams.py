@@ -4,6 +4,9 @@ A copy first waits (on the GPU) for the work already queued on the compute
 stream, so it reads what the kernels wrote; the executor's ``wait`` makes the
 compute stream wait for the copy's event - the host never blocks, the GPU
 orders the two streams. Copies run in FIFO order on one non-blocking stream.
+A traced copy's span is read from its GPU events when the iteration settles
+(:meth:`CudaCopyStream.settle`, before the trace closes), not when it is
+waited for: reading it there would block the host on every traced copy.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ class CudaCopyStream:
     def __init__(self, compute):
         self.compute = compute
         self.stream = cp.cuda.Stream(non_blocking=True)
+        self._timed = []          # waited-for traced copies whose spans are not yet reported
 
     def copy(self, dst, src, on_done=None) -> CopyEvent:
         """Queue ``dst[...] = src`` (same bytes; one side device, the other pinned host)."""
@@ -54,17 +58,26 @@ class CudaCopyStream:
         return CopyEvent(start, done, on_done, time.perf_counter())
 
     def wait(self, event: CopyEvent):
-        """Order the compute stream after the copy (the host does not block, except to trace it)."""
+        """Order the compute stream after the copy; the host does not block."""
         self.compute.wait_event(event.done)
         if event.on_done is not None:
-            event.done.synchronize()
-            seconds = cp.cuda.get_elapsed_time(event.start, event.done) * 1e-3
-            event.on_done(event.enqueued, event.enqueued + seconds)
-            event.on_done = None
+            self._timed.append(event)
+
+    def settle(self):
+        """Report the spans of the traced copies waited for so far (blocks until they are done)."""
+        for event in self._timed:
+            if event.on_done is not None:
+                event.done.synchronize()
+                seconds = cp.cuda.get_elapsed_time(event.start, event.done) * 1e-3
+                event.on_done(event.enqueued, event.enqueued + seconds)
+                event.on_done = None
+        self._timed.clear()
 
     def drain(self):
-        """Wait until every queued copy is done (after an exception: nothing lands later)."""
+        """Wait until every queued copy is done (after an exception: nothing lands later, and the
+        abandoned iteration's spans are not reported)."""
         self.stream.synchronize()
+        self._timed.clear()
 
     def close(self):
         self.stream.synchronize()
