@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from .errors import CheckpointError, ConfigError, DistributedError, MemoryBudgetError, MinidnnError
+from .memory.policies import POLICIES
 
 STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
               "per step: epoch, batch, step, loss, lr) and metrics.jsonl (one line per epoch: loss, test "
@@ -442,7 +443,8 @@ def parser():
                     help="data-parallel ranks (devices of a system profile): predicts the step time and "
                          "the scaling efficiency (each rank at batch-size / N, against one device at that "
                          "batch) without running a kernel")
-    pl.add_argument("--policy", choices=["auto", "swap", "recompute", "none"], default="auto")
+    pl.add_argument("--policy", choices=list(POLICIES), default="auto",
+                    help="auto (the planner's search), none, swap, recompute, or a paper's policy")
     pl.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
                     help="plan the split `minidnn train` would make (as its --sub-batching)")
     pl.add_argument("--bn", choices=["exact", "sub-batch"], default="exact", help="as `minidnn train --bn`")

@@ -169,7 +169,9 @@ def plan_dict(plan, name, shape, profile, policy="auto"):
         "algorithm_changes": [{"step": step, "fastest": fast, "chosen": chosen}
                               for step, (fast, chosen) in _algorithm_changes(plan).items()],
         "prediction": {
-            "step_seconds": float(plan.predicted_seconds), "unlimited_memory_seconds": float(base.seconds),
+            # a split step's overhead and unlimited time are the unsplit step's (the step it stands for)
+            "step_seconds": float(plan.predicted_seconds),
+            "unlimited_memory_seconds": float(plan.unlimited_seconds or base.seconds),
             "overhead": float(over) if over is not None else 0.0,
             "compute_seconds": float(sim.compute_seconds), "recompute_seconds": float(sim.recompute_seconds),
             "copy_seconds": float(sim.copy_seconds), "stall_seconds": float(sim.stall_seconds),
@@ -197,8 +199,10 @@ def plan_text(plan, name, shape, profile, policy="auto"):
         lines.append(f"slower algorithms chosen for a smaller workspace ({len(changes)}):")
         lines += [f"  {step:<40}{fast:<26} -> {chosen}" for step, (fast, chosen) in changes.items()]
     if plan.k > 1:
+        over = plan.predicted_overhead
         lines.append(f"predicted step time {plan.predicted_seconds * 1e3:.2f} ms as {plan.k} sub-batches of "
-                     f"{plan.sub_batch}")
+                     f"{plan.sub_batch}" + (f"; with unlimited memory {plan.unlimited_seconds * 1e3:.2f} ms unsplit;"
+                                            f" overhead {over * 100:+.1f}%" if over is not None else ""))
         return "\n".join(lines)
     sim, base = plan.simulation, plan.baseline or plan.simulation
     over = plan.predicted_overhead or 0.0

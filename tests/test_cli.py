@@ -17,6 +17,7 @@ import pytest
 
 from minidnn import cli, models
 from minidnn.checkpoint import load_checkpoint
+from minidnn.memory.policies import POLICIES
 from minidnn.trainer import Trainer
 
 RESNET_DATA = "synthetic:3x32x32:classes=10:n=40"          # 16 + 16 + 8: a partial last batch too
@@ -138,6 +139,48 @@ def test_plan_vgg16_batch_256_runs_in_seconds(capsys):
 def test_plan_budget_below_the_minimum_is_one_line(capsys):
     rc, out, err = run(capsys, "plan", "--model", "resnet20", "--batch-size", 8, "--budget", "1MiB")
     assert rc == 2 and "minimum" in one_line_error(err)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_plan_takes_every_policy_by_name(capsys, policy):
+    """Every policy the library has, the papers' included, is selectable by name: a plan that fits,
+    or the one-line error with a minimum."""
+    rc, out, err = run(capsys, "plan", "--model", "resnet20", "--batch-size", 64, "--budget", "0.7", "--json",
+                       "--policy", policy, "--sub-batching", "off")
+    d = json.loads(out)
+    if rc == 0:
+        assert d["policy"] == policy
+        assert d["peak_bytes"] <= d["budget_bytes"]
+    else:
+        assert rc == 2 and d["minimum_bytes"] > 0 and policy in d["error"]
+
+
+def test_policy_none_below_its_peak_says_so_at_once(capsys):
+    """No policy evicts nothing and splits nothing: under its peak, the error names that peak (above
+    the budget), not a "minimum feasible" below it, and no split is searched."""
+    t0 = time.process_time()
+    rc, out, err = run(capsys, "plan", "--model", "resnet20", "--batch-size", 64, "--budget", "0.25",
+                       "--policy", "none")
+    line = one_line_error(err)
+    assert rc == 2 and "policy 'none' evicts nothing" in line and "above the budget" in line
+    assert time.process_time() - t0 < 10
+
+
+def test_a_split_plan_reports_its_overhead_against_the_unsplit_step(capsys):
+    """Below the full batch's minimum the step is split; --json's prediction compares it with the
+    unsplit step with unlimited memory (the step it stands for), as the text does."""
+    rc, out, err = run(capsys, "plan", "--model", "resnet20", "--batch-size", 64, "--json")
+    assert rc == 0, err
+    whole = json.loads(out)
+    rc, out, err = run(capsys, "plan", "--model", "resnet20", "--batch-size", 64, "--json",
+                       "--budget", str(whole["lower_bound_bytes"] - 1))
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["sub_batches"] > 1
+    pred = d["prediction"]
+    assert pred["unlimited_memory_seconds"] == whole["prediction"]["step_seconds"]
+    assert pred["overhead"] == pytest.approx(pred["step_seconds"] / pred["unlimited_memory_seconds"] - 1)
+    assert pred["overhead"] > 0
 
 
 # ---------------------------------------------------------------- train, interrupt, resume, eval

@@ -124,6 +124,11 @@ class Plan:
         return self.simulation.seconds if self.simulation else None
 
     @property
+    def unlimited_seconds(self):
+        """The step's predicted seconds with unlimited memory (None: not simulated)."""
+        return self.baseline.seconds if self.baseline else None
+
+    @property
     def predicted_overhead(self):
         """Predicted step time relative to unlimited memory, minus one."""
         if not (self.simulation and self.baseline and self.baseline.seconds):

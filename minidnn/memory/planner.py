@@ -131,7 +131,10 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
                          liveness=liveness, least=least_bytes)
         if budget is None or base.peak_bytes <= budget or config.policy == "none":
             if budget is not None and base.peak_bytes > budget:
-                _infeasible(budget, base.peak_bytes, base)
+                raise MemoryBudgetError(
+                    f"policy 'none' evicts nothing: its peak {format_bytes(base.peak_bytes)} ({base.peak_bytes} B, "
+                    f"the liveness peak placed) is above the budget {format_bytes(budget)} ({budget} B); use "
+                    f"policy 'auto' or a budget of at least {base.peak_bytes} B", base.peak_bytes, budget)
             return base
     policy = config.policy_object()
 
@@ -156,6 +159,15 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
             f"own minimum is {format_bytes(least.peak_bytes)} ({least.peak_bytes} B): use policy 'auto' or a "
             f"larger budget", least.peak_bytes, budget)
     return dataclasses.replace(least, log=tuple(search.log))
+
+
+def unlimited_seconds(schedule, config: MemoryConfig = None, cost=None) -> float:
+    """The predicted seconds of ``schedule`` with unlimited memory and its fastest algorithms (what a
+    split step's overhead is measured against: the step it splits)."""
+    config = config or MemoryConfig()
+    cost = CachedCost(cost or ProfileCost(config.profile))
+    quick = fastest(algorithm_options(schedule, cost, pinned=config.algorithms != "auto"))
+    return simulate(lower(schedule, {}, None, quick), schedule, cost, algos=quick).seconds
 
 
 def minimum_plan(schedule, cost, touch, build, options):

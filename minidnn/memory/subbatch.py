@@ -42,7 +42,7 @@ from ..ops.norm import BatchNorm2dOp
 from ..schedule import PARAM_GRAD
 from .config import format_bytes
 from .costmodel import ProfileCost
-from .planner import algorithm_options, lower_bound, minimum_bytes, plan_memory, smallest
+from .planner import algorithm_options, lower_bound, minimum_bytes, plan_memory, smallest, unlimited_seconds
 
 
 @dataclass(frozen=True)
@@ -80,13 +80,15 @@ def plan_step(schedule, config, cost=None, splits=None, whole_cost=None):
     peak; every plan returned carries it in bytes (``budget``).
     """
     batch = schedule.tensor(schedule.inputs[0]).spec.shape[0]
-    splittable = bool(config.sub_batching) and splits is not None and batch > 1
+    # policy "none" evicts nothing, and splitting is a way to evict: it answers with its own peak
+    splittable = bool(config.sub_batching) and splits is not None and batch > 1 and config.policy != "none"
     try:
         whole = plan_memory(schedule, config, whole_cost or cost)
     except MemoryBudgetError as e:
         if not splittable:
             raise
-        return split_step(batch, trains_batch_norm(schedule), splits, replace(config, budget=e.budget_bytes), cost)
+        split = split_step(batch, trains_batch_norm(schedule), splits, replace(config, budget=e.budget_bytes), cost)
+        return replace(split, unsplit_seconds=unlimited_seconds(schedule, config, cost))
     batch_norm = trains_batch_norm(schedule)
     if (config.sub_batching != "fastest" or not splittable or not whole.predicted_overhead
             or whole_cost is not None or (batch_norm and config.bn != "exact")):
@@ -95,7 +97,9 @@ def plan_step(schedule, config, cost=None, splits=None, whole_cost=None):
         split = split_step(batch, batch_norm, splits, replace(config, budget=whole.budget), cost)
     except (MemoryBudgetError, ShapeError):      # no split fits, or the graph cannot be split exactly
         return whole
-    return split if split.predicted_seconds < whole.predicted_seconds else whole
+    if split.predicted_seconds >= whole.predicted_seconds:
+        return whole
+    return replace(split, unsplit_seconds=whole.baseline.seconds)
 
 
 def split_step(batch, batch_norm, splits, config, cost=None):
@@ -111,8 +115,26 @@ def _scaled(spec, k):
     return Spec((spec.shape[0] * k,) + tuple(spec.shape[1:]), spec.dtype)
 
 
+class _Split:
+    """What a split step reports against the step it splits: ``unsplit_seconds``, the whole step's
+    predicted time with unlimited memory (None where not known), is what its overhead is relative to."""
+
+    @property
+    def predicted_overhead(self):
+        """The split step's predicted time relative to the unsplit step with unlimited memory, minus one."""
+        return self.predicted_seconds / self.unsplit_seconds - 1 if self.unsplit_seconds else None
+
+    @property
+    def unlimited_seconds(self):
+        return self.unsplit_seconds
+
+    def _against_unsplit(self) -> str:
+        over = self.predicted_overhead
+        return f" ({over * 100:+.1f}% vs the unsplit step with unlimited memory)" if over is not None else ""
+
+
 @dataclass
-class SubBatchPlan:
+class SubBatchPlan(_Split):
     """k sub-batches of ``sub_batch`` under ``sub``, then ``update`` once."""
 
     k: int
@@ -121,6 +143,7 @@ class SubBatchPlan:
     update: object       # Plan of the optimizer update alone
     budget: int
     bn: str = None       # whose statistics a training-mode BatchNorm uses (None: the network has none)
+    unsplit_seconds: float = None
 
     @property
     def peak_bytes(self) -> int:
@@ -148,7 +171,7 @@ class SubBatchPlan:
         return self.k
 
     def __getattr__(self, name):          # byte figures and the rest read from the sub-batch plan
-        if name in ("sub", "update"):
+        if name in ("sub", "update", "unsplit_seconds"):
             raise AttributeError(name)
         return getattr(self.sub, name)
 
@@ -172,7 +195,7 @@ class SubBatchPlan:
     def summary(self, top=10) -> str:
         bn = f" (BatchNorm statistics {self.bn})" if self.bn else ""
         head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch}{bn}; "
-                f"predicted step {self.predicted_seconds * 1e3:.2f} ms; peak {format_bytes(self.peak_bytes)} "
+                f"predicted step {self.predicted_seconds * 1e3:.2f} ms{self._against_unsplit()}; peak {format_bytes(self.peak_bytes)} "
                 f"({self.peak_bytes} B) within budget {format_bytes(self.budget)}")
         return head + "\n" + self.sub.summary(top)
 
@@ -215,7 +238,7 @@ def plan_sub_batches(batch, schedules_for, config, cost=None, bn=None) -> SubBat
 
 
 @dataclass
-class StagedPlan:
+class StagedPlan(_Split):
     """k sub-batches of ``sub_batch`` in one stage-major iteration under ``plan``, with exact BatchNorm."""
 
     k: int
@@ -223,6 +246,7 @@ class StagedPlan:
     plan: object         # Plan of the whole iteration: every sub-batch's forward and backward, then the update
     budget: int
     bn: str = "of the full mini-batch (exact)"
+    unsplit_seconds: float = None
     batch_norm_updates = 1           # the combine moves the running statistics once, with the full batch's
 
     @property
@@ -238,7 +262,7 @@ class StagedPlan:
         return _scaled(self.plan.labels, self.k)
 
     def __getattr__(self, name):          # byte figures and the rest read from the iteration's plan
-        if name == "plan":
+        if name in ("plan", "unsplit_seconds"):
             raise AttributeError(name)
         return getattr(self.plan, name)
 
@@ -251,7 +275,8 @@ class StagedPlan:
 
     def summary(self, top=10) -> str:
         head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch}, run stage by stage between BatchNorms "
-                f"(BatchNorm statistics {self.bn}); predicted step {self.predicted_seconds * 1e3:.2f} ms; peak "
+                f"(BatchNorm statistics {self.bn}); predicted step {self.predicted_seconds * 1e3:.2f} ms"
+                f"{self._against_unsplit()}; peak "
                 f"{format_bytes(self.peak_bytes)} ({self.peak_bytes} B) within budget {format_bytes(self.budget)}")
         return head + "\n" + self.plan.summary(top)
 
