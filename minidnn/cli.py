@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from .errors import CheckpointError, ConfigError, DistributedError, MemoryBudgetError, MinidnnError
+from .memory.config import parse_budget
 from .memory.policies import POLICIES
 
 STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
@@ -29,17 +30,6 @@ STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on
 
 
 SUB_BATCHING = {"needed": True, "fastest": "fastest", "off": False}   # --sub-batching -> MemoryConfig
-
-
-def _budget(text):
-    """``--budget`` as MemoryConfig takes it: bytes (``1000000``), a fraction (``0.6``) or a string (``12GiB``)."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return text                     # a size with a unit or a percentage: MemoryConfig reads those
-    return int(value) if value.is_integer() and "." not in text else value
 
 
 def _optimizer(args):
@@ -173,7 +163,7 @@ def _train(args, parallel):
                               + (f", {start} done by the checkpoint)" if start else ")"))
     device = parallel.device(args.device) if parallel is not None else args.device   # a rank: its GPU
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
-                      device=device, memory=MemoryConfig(budget=_budget(args.budget), bn=args.bn,
+                      device=device, memory=MemoryConfig(budget=parse_budget(args.budget), bn=args.bn,
                                                           sub_batching=SUB_BATCHING[args.sub_batching]),
                       seed=args.seed, parallel=parallel)
     net.init_parameters(args.seed)        # in place, into the trainer's persistent region
@@ -309,7 +299,7 @@ def cmd_plan(args):
     system.link(args.ranks)               # more ranks than the system has devices fails before planning
     try:
         plan, shape = make_plan(args.model, args.batch_size // args.ranks, args.image_size,
-                                _budget(args.budget), args.policy, system.device,
+                                parse_budget(args.budget), args.policy, system.device,
                                 SUB_BATCHING[args.sub_batching], args.bn)
     except MemoryBudgetError as e:
         if args.json:   # machines get the minimum too; the one-line error still goes to stderr

@@ -171,3 +171,20 @@ def test_train_at_the_advertised_minimum_finishes_the_epoch(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "sub-batches of 1" in out and "final test accuracy" in out
     assert (tmp_path / "checkpoint.safetensors").is_file()
+
+
+@pytest.mark.parametrize("text, resolved", [("60%", 600), ("0.6", 600), (0.6, 600), ("1", 1000), ("4KiB", 4096),
+                                            ("1000000", 1000000), (12345, 12345), (None, None)])
+def test_one_reading_of_a_budget(text, resolved):
+    """The API and the command line read a budget the same way (memory.config.parse_budget): a
+    fraction of the liveness peak (here 1000 B) or bytes."""
+    from minidnn.memory.config import MemoryConfig, parse_budget
+    assert MemoryConfig(budget=text).resolve(1000) == resolved
+    assert MemoryConfig(budget=parse_budget(text)).resolve(1000) == resolved
+
+
+@pytest.mark.parametrize("text", ["0", "150%", "abc", 2.0, -5])
+def test_a_budget_that_means_nothing_is_refused_by_name(text):
+    from minidnn.memory.config import parse_budget
+    with pytest.raises(ValueError, match="budget|size"):
+        parse_budget(text)

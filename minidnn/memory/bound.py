@@ -78,12 +78,16 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     closes = np.array([b for _, _, b in gaps])
     nbytes = np.array([int(schedule.tensor_bytes[t]) for t, _, _ in gaps], np.float64)
     copy = np.array([cost.transfer_seconds(schedule.tensors[t].nbytes) for t, _, _ in gaps])
-    redo = np.array([recompute_seconds(t, b, touch, producer, secs, schedule.tensors) for t, _, b in gaps])
     tops = [int(s) for s in np.argsort(-curve, kind="stable")[:peaks] if curve[s] > limit]
     if not tops:
         return Floor(baseline, baseline)
     spans = {s: np.flatnonzero((opens < s) & (s < closes)) for s in tops}
     union = sorted(set().union(*map(set, spans.values())))
+    # the chains of the gaps that span a peak step only (a deep network has 10^4 gaps, each a walk)
+    redo = np.full(len(gaps), math.inf)
+    for i in union:
+        t, _, b = gaps[i]
+        redo[i] = recompute_seconds(t, b, touch, producer, secs, schedule.tensors)
     rows = _Rows()
     total = rows.variable()                  # the time the plan adds to the unlimited step
     charged = {}                             # variable -> the seconds it adds for certain

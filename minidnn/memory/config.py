@@ -20,6 +20,27 @@ def parse_bytes(text) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_budget(budget):
+    """What a budget says, the one reading of it (the API's and the command line's): None (no
+    limit), bytes (an int, from ``12884901888``, ``"12GiB"`` or ``"1.5GB"``), or a fraction of the
+    liveness peak (a float in (0, 1], from ``0.6``, ``"0.6"`` or ``"60%"``). ValueError otherwise."""
+    b = budget
+    if b is None:
+        return None
+    if isinstance(b, str) and b.strip().endswith("%"):
+        b = float(b.strip()[:-1]) / 100
+    elif isinstance(b, str) and re.fullmatch(r"\s*0?\.[0-9]+\s*|\s*1(\.0*)?\s*", b):
+        b = float(b)                      # "0.6" on a command line: a fraction
+    if isinstance(b, float):
+        if not 0 < b <= 1:
+            raise ValueError(f"a fractional budget must be in (0, 1], got {budget!r}")
+        return b
+    n = parse_bytes(b)
+    if n <= 0:
+        raise ValueError(f"the budget must be positive, got {budget!r}")
+    return n
+
+
 def format_bytes(n) -> str:
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -113,18 +134,5 @@ class MemoryConfig:
 
     def resolve(self, liveness_peak: int):
         """The budget in bytes (None for unlimited), given the liveness peak."""
-        b = self.budget
-        if b is None:
-            return None
-        if isinstance(b, str) and b.strip().endswith("%"):
-            b = float(b.strip()[:-1]) / 100
-        elif isinstance(b, str) and re.fullmatch(r"\s*0?\.[0-9]+\s*|\s*1(\.0*)?\s*", b):
-            b = float(b)                      # "0.6" on a command line: a fraction
-        if isinstance(b, float):
-            if not 0 < b <= 1:
-                raise ValueError(f"a fractional budget must be in (0, 1], got {b}")
-            return int(b * liveness_peak)
-        n = parse_bytes(b)
-        if n <= 0:
-            raise ValueError(f"the budget must be positive, got {b!r}")
-        return n
+        b = parse_budget(self.budget)
+        return int(b * liveness_peak) if isinstance(b, float) else b
