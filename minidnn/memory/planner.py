@@ -132,8 +132,8 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
         if budget is None or base.peak_bytes <= budget or config.policy == "none":
             if budget is not None and base.peak_bytes > budget:
                 raise MemoryBudgetError(
-                    f"policy 'none' evicts nothing: its peak {format_bytes(base.peak_bytes)} ({base.peak_bytes} B, "
-                    f"the liveness peak placed) is above the budget {format_bytes(budget)} ({budget} B); use "
+                    f"policy 'none' evicts nothing: its peak, the liveness peak placed, {format_bytes(base.peak_bytes)} "
+                    f"({base.peak_bytes} B) is above the budget {format_bytes(budget)} ({budget} B); use "
                     f"policy 'auto' or a budget of at least {base.peak_bytes} B", base.peak_bytes, budget)
             return base
     policy = config.policy_object()
