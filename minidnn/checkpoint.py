@@ -9,13 +9,17 @@ is found on load, naming the tensor. Every failure to read raises
 
 Writes go to a temporary sibling renamed into place, so a write killed at any
 point leaves the previous checkpoint; the temporary files such a kill leaves
-behind are removed by the next save (one writer per checkpoint path).
+behind are removed by the next save. A temporary file's name carries its
+writer's host and process id, and only those of processes that ended on this
+host are removed: another run writing the same path keeps its own.
 """
 
 import glob
 import hashlib
 import json
 import os
+import re
+import socket
 import struct
 import tempfile
 import zipfile
@@ -85,15 +89,36 @@ def save_checkpoint(path, tensors, meta):
     _write_atomic(path, payload)
 
 
+def _writer_ended(name, prefix):
+    """Whether the writer of temporary file ``name`` (``<prefix><pid>@<host>.<random>.tmp``) has ended:
+    a process of this host that no longer runs. Names without a writer (older minidnn) count as ended;
+    a process of another host (a shared folder) is never taken for ended."""
+    m = re.fullmatch(re.escape(prefix) + r"(\d+)@(.+)\.[^.]+\.tmp", name)
+    if m is None:
+        return True
+    if m.group(2) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)        # signal 0: only whether the process exists
+    except (ProcessLookupError, OverflowError):   # no such process (a pid out of range is none either)
+        return True
+    except PermissionError:                # another user's process: alive
+        pass
+    return False
+
+
 def _write_atomic(path, payload):
     directory = os.path.dirname(os.path.abspath(path))
     prefix = f".{os.path.basename(path)}."
     for stale in glob.glob(os.path.join(glob.escape(directory), glob.escape(prefix) + "*.tmp")):
+        if not _writer_ended(os.path.basename(stale), prefix):
+            continue                       # a live writer's, in the middle of its write
         try:                               # left by a write that was killed: never renamed into place
             os.unlink(stale)
         except OSError:
             pass
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{prefix}{os.getpid()}@{socket.gethostname()}.",
+                               suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)

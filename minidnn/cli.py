@@ -23,7 +23,9 @@ from .memory.policies import POLICIES
 
 STEPS_HELP = ("The output folder gets checkpoint.safetensors (every epoch and on Ctrl-C), steps.jsonl (one line "
               "per step: epoch, batch, step, loss, lr) and metrics.jsonl (one line per epoch: loss, test "
-              "accuracy, seconds, lr, peak bytes). Ctrl-C finishes the running step, saves the checkpoint and exits "
+              "accuracy, seconds, lr, peak bytes). A folder holding another run's files is refused unless --resume "
+              "continues that run (from the folder's own checkpoint) or --overwrite replaces it; a folder a run is "
+              "training into is locked. Ctrl-C finishes the running step, saves the checkpoint and exits "
               "with status 130 (a second Ctrl-C stops at once, keeping the previous checkpoint). --resume "
               "continues exactly: the resumed run rewrites the log lines after its checkpoint and repeats the "
               "losses, accuracies and final weights of an uninterrupted run.")
@@ -111,6 +113,16 @@ def _run_settings(args, resume):
     return given
 
 
+def _require(module, package, purpose):
+    """ConfigError naming what to install where ``module`` (a dependency) cannot be imported: said at the
+    start, not as a traceback when it is first used (``--trace-dir`` at its step)."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"{purpose} needs {package}, a dependency of minidnn that is missing ({e}): "
+                          f"pip install {package}") from None
+
+
 def _check_train(args):
     """Refuse, in one line, settings that would fail later or be ignored (a NaN lr fails only at step 2)."""
     for name, low in (("image_size", 1), ("pad", 0), ("trace_step", 1)):
@@ -119,6 +131,8 @@ def _check_train(args):
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
     if args.reset_optimizer and not args.resume:
         raise ConfigError("--reset-optimizer applies to --resume only")
+    if args.trace_dir:
+        _require("matplotlib", "matplotlib", "--trace-dir (its memory.png)")
     _optimizer(args)                          # its ranges (lr, momentum, weight decay), before any data is read
 
 
@@ -136,14 +150,34 @@ def cmd_train(args):
 
 
 def _train(args, parallel):
-    from . import MemoryConfig, compile, models, nn
-    from .data import DataLoader, load
-    from .training import fit, read_checkpoint
+    from . import models
+    from .run_folder import RunFolder
+    from .training import read_checkpoint
     if args.model is not None:
         models.info(args.model)                      # an unknown name fails before any data is read
     resume = read_checkpoint(args.resume, args.model) if args.resume else None
     given = _run_settings(args, resume)
     _check_train(args)
+    if args.out is None:                             # a resumed run continues in its checkpoint's folder
+        args.out = (os.path.dirname(args.resume) or ".") if args.resume else "runs/latest"
+    if parallel is not None and parallel.rank:       # rank 0 alone logs and checkpoints
+        return _run(args, parallel, resume, given, None)
+    with RunFolder(args.out, args.metrics) as folder:
+        try:
+            folder.claim(args.resume, args.overwrite)
+        except ConfigError as e:
+            if parallel is None:
+                raise
+            raise DistributedError(f"rank 0: {e}") from None   # every rank stops: none waits for rank 0
+        print(f"run folder: {os.path.abspath(args.out)}")
+        return _run(args, parallel, resume, given, folder)
+
+
+def _run(args, parallel, resume, given, folder):
+    """Train in ``folder`` (a claimed :class:`RunFolder`; None on the ranks that do not write)."""
+    from . import MemoryConfig, compile, nn
+    from .data import DataLoader, load
+    from .training import fit
     train_set = load(args.data, "train", size=args.image_size)
     test_set = load(args.data, "test", size=args.image_size)
     net = _build(args.model, train_set)
@@ -185,7 +219,7 @@ def _train(args, parallel):
                   "checkpoint; the resumed run will not repeat the original", file=sys.stderr)
     run_info = {"config": config, "normalization": {"mean": mean, "std": std}}
     on_step = None
-    lead = parallel is None or parallel.rank == 0        # the rank that logs and checkpoints
+    lead = folder is not None                            # the rank that logs and checkpoints
     if args.trace_dir and parallel is not None:          # each rank its own trace
         args.trace_dir = os.path.join(args.trace_dir, f"rank{parallel.rank}")
     if args.trace_dir:
@@ -195,8 +229,15 @@ def _train(args, parallel):
         def on_step(epoch, batch, loss):   # the recorder holds the step just run
             seen.append(loss)
             if len(seen) == args.trace_step:
-                paths = write_trace(trainer.trace, args.trace_dir)
-                print(f"memory trace of step {args.trace_step}: {', '.join(paths)}")
+                try:
+                    paths = write_trace(trainer.trace, args.trace_dir)
+                except OSError as e:       # a full disk: the trace is lost, not the training
+                    print(f"warning: the memory trace of step {args.trace_step} was not written to "
+                          f"{args.trace_dir} ({' '.join(str(e).split())}); training goes on", file=sys.stderr)
+                else:
+                    print(f"memory trace of step {args.trace_step}: {', '.join(paths)}")
+    if folder is not None and args.overwrite:
+        folder.clear()                     # only now: a run refused by any check above loses nothing
     try:
         hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=args.out if lead else None,
                    model_name=args.model, resume=resume, progress=not args.no_progress and lead,
@@ -211,19 +252,25 @@ def _train(args, parallel):
         print(f"final test accuracy {hist[-1]['test_accuracy'] * 100:.2f}%")
     elif not hist and resume is not None:
         print(f"nothing to do: the checkpoint has finished epoch {resume.meta['epoch']} of --epochs {args.epochs}")
+    if folder is not None:
+        written = ", ".join(os.path.basename(f) for f in folder.previous())
+        print(f"run folder: {os.path.abspath(args.out)} ({written})")
     return 0
 
 
 def write_trace(trace, folder):
     """Everything a trace exports, into ``folder``; returns the paths written."""
+    from .atomic_write import replacing
     from .trace import plot, to_csv
     os.makedirs(folder, exist_ok=True)
     paths = {name: os.path.join(folder, name) for name in
              ("trace.json", "memory.png", "memory_snapshot.pickle", "memory.csv")}
-    trace.save(paths["trace.json"])
-    plot(trace, paths["memory.png"])
-    trace.save_memory_snapshot(paths["memory_snapshot.pickle"])
-    to_csv(trace, paths["memory.csv"])
+    trace.save(paths["trace.json"])                       # each file whole or not at all (a full disk)
+    for name, write in (("memory.png", lambda p: plot(trace, p)),
+                        ("memory_snapshot.pickle", trace.save_memory_snapshot),
+                        ("memory.csv", lambda p: to_csv(trace, p))):
+        with replacing(paths[name]) as tmp:
+            write(tmp)
     return list(paths.values())
 
 
@@ -233,6 +280,7 @@ def cmd_trace(args):
     if args.trace_command == "summary":
         print(summary(load(args.file)))
     elif args.trace_command == "plot":
+        _require("matplotlib", "matplotlib", "trace plot")
         plot(load(args.file), args.output)
         print(f"wrote {args.output}")
     elif args.trace_command == "diff":
@@ -385,7 +433,10 @@ def parser():
     t.add_argument("--parallel-bn", choices=["sync", "local"], default="sync",
                    help="under mpiexec: BatchNorm statistics over the global mini-batch (sync, the meaning "
                         "of one process) or each rank's slice (local, as PyTorch DDP by default)")
-    t.add_argument("--out", default="runs/latest", help="folder for the checkpoint and logs (see below)")
+    t.add_argument("--out", default=None, help="folder for the checkpoint and logs, refused if it holds another "
+                   "run (see below; default: runs/latest, or with --resume the checkpoint's folder)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (its checkpoint and logs), once every other check has passed")
     t.add_argument("--metrics", default=None, help="per-epoch metrics JSONL file (default OUT/metrics.jsonl)")
     t.add_argument("--resume", default=None, metavar="CHECKPOINT",
                    help="continue exactly where this checkpoint stopped: the model, data, batch size, seed, "

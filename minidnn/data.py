@@ -16,6 +16,7 @@ import numpy as np
 
 from .distributed.parallel import shard_range
 from .errors import DataError
+from .memory.config import format_bytes
 
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 _SCHEMES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
@@ -54,6 +55,7 @@ def resize_bilinear(images, size):
     n, c, h, w = images.shape
     if (h, w) == (size, size):
         return images.astype(np.float32, copy=True)
+    _check_fits(n, (c, size, size))
 
     def axis(src, dst):
         pos = np.clip((np.arange(dst) + 0.5) * src / dst - 0.5, 0, src - 1)
@@ -63,9 +65,23 @@ def resize_bilinear(images, size):
 
     y0, y1, wy = axis(h, size)
     x0, x1, wx = axis(w, size)
-    rows = images[:, :, y0, :] * (1 - wy)[:, None] + images[:, :, y1, :] * wy[:, None]
-    out = rows[:, :, :, x0] * (1 - wx) + rows[:, :, :, x1] * wx
-    return np.ascontiguousarray(out, dtype=np.float32)
+    try:
+        rows = images[:, :, y0, :] * (1 - wy)[:, None] + images[:, :, y1, :] * wy[:, None]
+        out = rows[:, :, :, x0] * (1 - wx) + rows[:, :, :, x1] * wx
+        return np.ascontiguousarray(out, dtype=np.float32)
+    except MemoryError:              # within the machine's memory, but not within what is free
+        raise DataError(f"resizing {n} images to {size}x{size} ran out of memory: choose a smaller image "
+                        "size") from None
+
+
+def _check_fits(n, shape):
+    """DataError where ``n`` float32 images of ``shape`` (C, H, W) exceed this machine's memory (else a
+    MemoryError traceback, or the machine swapping until the kernel ends the process)."""
+    need = n * int(np.prod(shape, dtype=object)) * 4
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise DataError(f"{n} images of {'x'.join(map(str, shape))} would take {format_bytes(need)}, more than "
+                        f"this machine's {format_bytes(have)} of memory: choose a smaller image size (or fewer images)")
 
 
 def _check_split(split, allowed=("train", "test")):
@@ -144,6 +160,8 @@ def load_mnist(root, split="train", name="mnist"):
     image_path = _find_file(root, f"{prefix}-images-idx3-ubyte")
     label_path = _find_file(root, f"{prefix}-labels-idx1-ubyte")
     images, labels = read_idx(image_path, 3), read_idx(label_path, 1)
+    if images.shape[0] == 0:         # else 0 steps of training, and an accuracy measured on nothing learned
+        raise DataError(f"{image_path}: no images (its IDX header gives 0); the {split} split needs at least one")
     if images.shape[0] != labels.shape[0]:
         raise DataError(f"{label_path}: {labels.shape[0]} labels but {image_path} has {images.shape[0]} images")
     if labels.size and labels.max() > 9:
@@ -235,43 +253,69 @@ def load_cifar(root, split="train", which=10):
 
 # ---------------------------------------------------------------- ImageFolder
 
+def _pillow():
+    """PIL.Image, or a one-line DataError saying what to install."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise DataError(f"imagefolder: reading images needs Pillow, a dependency of minidnn that is missing "
+                        f"({exc}): pip install pillow".replace("\n", " ")) from None
+    return Image
+
+
+def _class_folders(root):
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+
+
 def load_image_folder(root, size, split=None):
     """ImageFolder tree ``root/<class>/*.png|jpg|jpeg``; labels follow sorted class names.
 
     If ``root`` has a ``train/`` subfolder it is a split tree and ``split`` picks
     ``train``, or ``test``/``val`` (whichever folder exists); ``split=None`` means
     ``train``.  Without split subfolders the whole tree is returned for any split.
+    In a split tree the labels of every split are those of ``train/``'s classes: a
+    test folder may lack a class (the others keep their labels), but not have one
+    that ``train/`` lacks.
     """
-    from PIL import Image
-
+    Image = _pillow()
+    classes = train = None
     if os.path.isdir(os.path.join(root, "train")):
         split = split or "train"
         options = ["train"] if split == "train" else ["test", "val"] if split in ("test", "val") else []
         folders = [os.path.join(root, s) for s in options if os.path.isdir(os.path.join(root, s))]
         if not folders:
             raise DataError(f"{root}: no folder for split {split!r} (expected train/, test/ or val/)")
-        root = folders[0]
+        # numbered by position in the split's own folder, a class missing from test/ would shift the others
+        classes = _class_folders(os.path.join(root, "train"))
+        train, root = os.path.join(root, "train"), folders[0]
     if not os.path.isdir(root):
         raise DataError(f"missing image folder {root}")
-    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    images, labels = [], []
-    for label, cls in enumerate(classes):
+    present = _class_folders(root)
+    classes = present if classes is None else classes
+    for cls in present:
+        if cls not in classes:
+            raise DataError(f"{os.path.join(root, cls)}: class {cls!r} has no folder in {train}, so it has no "
+                            f"label (the training classes: {', '.join(classes)})")
+    files = []
+    for cls in present:
         names = [f for f in sorted(os.listdir(os.path.join(root, cls))) if f.lower().endswith(_IMAGE_EXTENSIONS)]
         if not names:
             # A class without images would still be a label: the network would learn one class too many.
             raise DataError(f"{os.path.join(root, cls)}: class folder has no .png/.jpg/.jpeg images")
-        for fname in names:
-            path = os.path.join(root, cls, fname)
-            try:
-                with Image.open(path) as img:
-                    rgb = img.convert("RGB").resize((size, size), Image.BILINEAR)
-            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three on bad files
-                raise DataError(f"{path}: unreadable image ({exc})".replace("\n", " ")) from exc
-            images.append(np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1))
-            labels.append(label)
-    if not images:
+        files += [(os.path.join(root, cls, f), classes.index(cls)) for f in names]
+    if not files:
         raise DataError(f"{root}: no .png/.jpg/.jpeg images in class subfolders")
-    return Dataset(np.stack(images).astype(np.float32) / 255.0, labels, len(classes), "imagefolder")
+    _check_fits(len(files), (3, size, size))
+    images = []
+    for path, _ in files:
+        try:
+            with Image.open(path) as img:
+                rgb = img.convert("RGB").resize((size, size), Image.BILINEAR)
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three on bad files
+            raise DataError(f"{path}: unreadable image ({exc})".replace("\n", " ")) from exc
+        images.append(np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1))
+    return Dataset(np.stack(images).astype(np.float32) / 255.0, [label for _, label in files], len(classes),
+                   "imagefolder")
 
 
 def synthetic(shape=(3, 32, 32), num_classes=10, n=512, seed=0):
@@ -279,6 +323,7 @@ def synthetic(shape=(3, 32, 32), num_classes=10, n=512, seed=0):
     if len(shape) != 3 or min(shape) < 1 or num_classes < 1 or n < 1:
         raise DataError(f"synthetic data needs a CxHxW shape of positive sizes, at least one class and one "
                         f"image; got shape {'x'.join(map(str, shape))}, {num_classes} classes, n={n}")
+    _check_fits(n, shape)
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((n, *shape), dtype=np.float32)
     labels = rng.integers(0, num_classes, size=n)

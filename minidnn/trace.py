@@ -27,6 +27,7 @@ import time as _time
 import zlib
 from dataclasses import astuple, dataclass, field, fields
 
+from .atomic_write import replacing
 from .errors import MinidnnError
 from .schedule import ACT, ACT_GRAD, INPUT, PERSISTENT, WORKSPACE
 
@@ -139,13 +140,14 @@ class Trace:
         return cls(**kw)
 
     def save(self, path) -> None:
-        """Write the trace: Chrome Trace Event JSON (gzip if ``path`` ends in .gz) that ``load`` reads back."""
+        """Write the trace: Chrome Trace Event JSON (gzip if ``path`` ends in .gz) that ``load`` reads back.
+        Whole or not at all: a write that fails (a full disk) leaves ``path`` as it was."""
         doc = to_chrome(self)
         # Perfetto stops reading at the first top-level key it does not know: ours come last.
         own = self.to_dict()
         doc.update({"format": FORMAT, "version": VERSION, "minidnn": own, "sha256": _digest(own)})
         opener = gzip.open if str(path).endswith(".gz") else open
-        with opener(path, "wt", encoding="utf-8") as f:
+        with replacing(path) as tmp, opener(tmp, "wt", encoding="utf-8") as f:
             json.dump(doc, f, separators=(",", ":"))
 
     def save_memory_snapshot(self, path) -> None:

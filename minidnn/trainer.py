@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 
 from .autograd import build_schedule
 from .backend import get_backend
-from .errors import ShapeError
+from .errors import ConfigError, ShapeError
 from .executor import Context, Executor
 from .graph import trace
 from .memory import MemoryConfig
@@ -16,6 +17,21 @@ from .persistent import PersistentStore
 from .split_graph import step_splits
 from .trace import Recorder
 from .transaction import atomic_step
+
+# The training dtypes the kernels of every backend take (CPU's C++ kernels, CUDA's).
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _training_dtype(dtype):
+    """``dtype`` as a NumPy dtype, or ConfigError before anything is changed."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt not in DTYPES:        # (None == np.dtype("float64"): np.dtype(None) is float64)
+        raise ConfigError(f"compile: dtype must be one of {', '.join(d.name for d in DTYPES)} (parameters and "
+                          f"activations are trained in it), got {dtype!r}")
+    return dt
 
 
 class Trainer:
@@ -28,6 +44,20 @@ class Trainer:
 
     def __init__(self, net, input_shape, loss, optimizer, device="cpu", memory=None, dtype=np.float32, seed=0,
                  trace_every=1, parallel=None):
+        dtype = _training_dtype(dtype)
+        # step and predict share the arena, the plans and the counters: one runs at a time (see step)
+        self._running = threading.Lock()
+        # Compiling points the network's arrays at the trainer's (cast, then moved into its persistent
+        # region): a compile that fails leaves the network's arrays as they were.
+        arrays = [(t, t.data, t.grad) for t in [*net.parameters(), *(b for _, b in net.named_buffers())]]
+        try:
+            self._compile(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel)
+        except BaseException:
+            for t, data, grad in arrays:
+                t.data, t.grad = data, grad
+            raise
+
+    def _compile(self, net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel):
         self.net, self.loss, self.optimizer = net, loss, optimizer
         # data-parallel: input_shape's batch is the global one; this rank compiles its slice
         self.input_shape = parallel.local_shape(input_shape) if parallel is not None else tuple(input_shape)
@@ -141,13 +171,19 @@ class Trainer:
         """One training step on a batch; returns the loss.
 
         All or nothing (minidnn.transaction): on any exception the parameters, optimizer state,
-        BatchNorm statistics, counters and random stream are those of before the step. Ctrl-C is
-        raised between two of its kernels before the update, or else once the step is done.
+        BatchNorm statistics, counters and random stream are those of before the step. Ctrl-C (as
+        any signal handler's exception) is raised between two of its kernels before the update, or
+        else once the step is done.
         The network's current arrays are trained, whichever trainer or assignment set them
-        (see ``compile``)."""
-        self.store.adopt()
-        with atomic_step(self.store, self.rng) as txn:
-            return self._step(x, y, txn)
+        (see ``compile``).
+
+        Thread-safe: calls from several threads (``step`` or ``predict``) run one at a time, in the
+        order they take the trainer's lock, each as if called alone; they share one arena and one
+        set of parameters, so side by side they would write each other's buffers."""
+        with self._running:
+            self.store.adopt()
+            with atomic_step(self.store, self.rng) as txn:
+                return self._step(x, y, txn)
 
     def _step(self, x, y, txn):
         x = self._check_input(x)
@@ -168,12 +204,14 @@ class Trainer:
         return loss
 
     def predict(self, x) -> np.ndarray:
-        """The network's output for ``x`` in eval mode (a new array)."""
+        """The network's output for ``x`` in eval mode (a new array); waits for a ``step`` running in
+        another thread, and the other way round."""
         x = self._check_input(x)
-        self.store.adopt()
-        plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
-        with atomic_step() as txn:               # Ctrl-C at safe points only
-            return plan.run(self.executor, Context.on(self.backend, self.rng), x, txn=txn)
+        with self._running:
+            self.store.adopt()
+            plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
+            with atomic_step() as txn:               # signals at safe points only
+                return plan.run(self.executor, Context.on(self.backend, self.rng), x, txn=txn)
 
     @property
     def trace(self):
@@ -207,6 +245,8 @@ def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, d
     fraction of the liveness peak) or None for no limit. ``seed`` seeds the
     trainer's own random stream (dropout), so seeded runs repeat bit for bit.
     Every ``trace_every``-th training step is recorded (``trainer.trace``; 0: none).
+    ``dtype`` (float32 or float64) is the one parameters and activations are trained in; a
+    compile that fails (any other dtype, a budget below the minimum) leaves ``net`` as it was.
     With ``parallel`` (a :class:`minidnn.distributed.DataParallel`), this process is one rank of
     data-parallel training: ``input_shape``'s batch is the global mini-batch, and ``step`` takes
     this rank's slice of it (``DataLoader(shard=parallel.shard_of)``).

@@ -1,11 +1,15 @@
 """A training step is all or nothing.
 
-Ctrl-C is held for the whole of a step (SIGINT's handler records the signal)
-and raised at safe points only: between two steps of the program, before the
-commit point. An interrupt landing anywhere else, in a lane's wait, a copy's
-wait, a lock's bookkeeping or halfway through an in-place update, would leave
-a thread writing into an abandoned step's buffers, a primitive half-released,
-or parameters half-updated; held, it waits for the next safe point instead.
+Signals are held for the whole of a step (each Python handler's call is
+recorded) and delivered at safe points only: between two steps of the program,
+before the commit point. That covers Ctrl-C (SIGINT's handler raises
+KeyboardInterrupt) and every other handler that raises, as test harnesses and
+notebooks install them (a SIGALRM timeout). An exception landing anywhere else,
+in a lane's wait, a copy's wait, a lock's bookkeeping or halfway through an
+in-place update, would leave a thread writing into an abandoned step's buffers,
+a primitive half-released, or parameters half-updated; held, it waits for the
+next safe point instead. (An exception that comes another way, raised while the
+lanes run, still waits for them: backend/lanes.py.)
 
 Before its first optimizer update a step changes only the network's buffers
 (BatchNorm's running statistics, which its forwards move) and the trainer's
@@ -13,12 +17,13 @@ random stream (dropout): both are saved when the step starts and put back if
 anything raises before the update. The first update is the commit point: from
 there to the end of the step (the updates, the step counter,
 ``num_batches_tracked``) nothing is raised on purpose, and the updates are
-arithmetic into buffers allocated before the step, so an interrupt held there
-is raised once the step is done, leaving the state of after it.
+arithmetic into buffers allocated before the step, so a signal held there
+is delivered once the step is done, leaving the state of after it.
 
 Saving costs one copy of the buffers, which the persistent region keeps side
-by side (6 KiB for ResNet-20), two handler swaps per step and one check per
-program step (``scripts/bench_atomic_step.py``).
+by side (6 KiB for ResNet-20), a look at each signal's handler and two handler
+swaps per step (only SIGINT has a Python handler unless one was installed) and
+one check per program step (``scripts/bench_atomic_step.py``).
 """
 from __future__ import annotations
 
@@ -27,9 +32,14 @@ import signal
 import threading
 
 
+# The signals a Python handler may be installed for (listing them converts each to an enum: once).
+SIGNALS = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+
+
 class InterruptGuard:
-    """Holds SIGINT from :meth:`hold` until :meth:`release`; :meth:`deliver` makes the held handler
-    calls (the default handler raises KeyboardInterrupt) while still holding later ones.
+    """Holds every signal that has a Python handler from :meth:`hold` until :meth:`release`;
+    :meth:`deliver` makes the held handler calls (SIGINT's default handler raises KeyboardInterrupt,
+    a harness's SIGALRM handler may raise anything) while still holding later ones.
 
     Signal handlers run only in the main thread, and only a Python handler can be held; elsewhere
     holding does nothing.
@@ -38,16 +48,17 @@ class InterruptGuard:
     def __init__(self):
         self.held = False
         self.pending = []
-        self._previous = None
+        self._previous = {}                 # signal -> the handler it had, for those held
 
     def hold(self):
         if self.held or threading.current_thread() is not threading.main_thread():
             return
-        previous = signal.getsignal(signal.SIGINT)
-        if not callable(previous):
-            return
-        self._previous, self.held = previous, True
-        signal.signal(signal.SIGINT, self._record)
+        self.held, self._previous = True, {}   # before the first swap: release undoes a hold cut short
+        for signum in SIGNALS:
+            previous = signal.getsignal(signum)
+            if callable(previous):
+                self._previous[signum] = previous
+                signal.signal(signum, self._record)
 
     def _record(self, signum, frame):
         self.pending.append((signum, frame))
@@ -55,12 +66,13 @@ class InterruptGuard:
     def deliver(self):
         pending, self.pending = self.pending, []
         for signum, frame in pending:      # a second Ctrl-C is a second call (the training loop's forces a stop)
-            self._previous(signum, frame)
+            self._previous[signum](signum, frame)
 
     def release(self):
         if not self.held:
             return
-        signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         self.held = False
         self.deliver()
 
@@ -95,8 +107,8 @@ def atomic_step(store=None, rng=None):
     An exception before that restores the buffers and ``rng``. Without a store (``predict``) only the
     interrupt discipline applies."""
     guard = InterruptGuard()
-    guard.hold()
     try:
+        guard.hold()
         saved = store.save_buffers() if store is not None else None
         rng_state = rng.bit_generator.state if rng is not None else None
         step = Step(guard)

@@ -1,8 +1,10 @@
 """Data set loaders against fixture files written here, and the prefetching DataLoader."""
 
 import gzip
+import os
 import pickle
 import struct
+import sys
 import threading
 
 import numpy as np
@@ -444,3 +446,65 @@ def test_image_folder_with_an_empty_class_folder_is_refused(tmp_path):
     with pytest.raises(DataError, match="class folder has no .png/.jpg/.jpeg images") as excinfo:
         load_image_folder(tmp_path, 8)
     assert_names(excinfo, tmp_path / "bee")
+
+
+# ---------------------------------------------------------------- issue 31: data that would train on nothing or on shifted labels
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_mnist_files_with_no_images_are_refused_naming_the_file(tmp_path, split):
+    """Before: 0 training steps and a "final test accuracy" of an untrained network."""
+    _, _, (image_path, _) = write_mnist(tmp_path, split, n=0)
+    with pytest.raises(DataError, match="no images") as excinfo:
+        load(f"mnist:{tmp_path}", split)
+    assert_names(excinfo, image_path)
+
+
+def test_a_test_folder_lacking_a_class_keeps_the_training_labels(tmp_path):
+    """Labels are the training classes' in every split: a test/ without "ant" must not make "cat"
+    label 0 (before: every test label shifted, and an accuracy of 0.00%)."""
+    write_folder(tmp_path / "train", per_class=2)
+    write_folder(tmp_path / "test", per_class=1)
+    for f in (tmp_path / "test" / "ant").iterdir():
+        f.unlink()
+    (tmp_path / "test" / "ant").rmdir()
+    train, test = load_image_folder(tmp_path, 4, "train"), load_image_folder(tmp_path, 4, "test")
+    assert train.num_classes == test.num_classes == 3
+    np.testing.assert_array_equal(train.labels, [0, 0, 1, 1, 2, 2])     # ant, cat, dog
+    np.testing.assert_array_equal(test.labels, [1, 2])                  # cat, dog: as in train/
+    np.testing.assert_allclose(test.images[0, :, 1, 1], [1, 0, 0])      # the red one is the cat
+
+
+def test_a_test_folder_with_a_class_the_training_folder_lacks_is_refused(tmp_path):
+    write_folder(tmp_path / "train")
+    write_folder(tmp_path / "test")
+    (tmp_path / "test" / "zebra").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "test" / "zebra" / "0.png")
+    with pytest.raises(DataError, match="class 'zebra' has no folder in") as excinfo:
+        load_image_folder(tmp_path, 4, "test")
+    assert_names(excinfo, tmp_path / "test" / "zebra")
+
+
+@pytest.mark.parametrize("spec,size", [("digits", 100000), ("digits", 256), ("synthetic:1x8x8:n=4", 4096),
+                                       ("imagefolder", 2048)])
+def test_an_image_size_beyond_the_memory_is_one_clear_error(tmp_path, monkeypatch, spec, size):
+    """--image-size 100000: before, a MemoryError traceback (or the machine swapping until the process is
+    killed). The machine here is made to have 64 MiB, so the sizes below 100000 would fit a real one."""
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 16384 if name == "SC_PHYS_PAGES" else
+                        4096 if name == "SC_PAGE_SIZE" else real(name))
+    if spec == "imagefolder":
+        write_folder(tmp_path)
+        spec = f"imagefolder:{tmp_path}"
+    with pytest.raises(DataError, match=rf"of [13]x{size}x{size} would take") as excinfo:
+        load(spec, "train", size=size)
+    message = str(excinfo.value)
+    assert "more than this machine's 64.00 MiB of memory" in message and "smaller image size" in message
+    assert "\n" not in message
+
+
+def test_image_folders_without_pillow_are_one_line_naming_what_to_install(tmp_path, monkeypatch):
+    write_folder(tmp_path)
+    monkeypatch.setitem(sys.modules, "PIL", None)          # import PIL fails, as when missing
+    with pytest.raises(DataError, match="needs Pillow.*pip install pillow") as excinfo:
+        load(f"imagefolder:{tmp_path}", "train")
+    assert "\n" not in str(excinfo.value)

@@ -48,6 +48,38 @@ def test_a_failing_lane_raises_after_all_lanes_are_done_and_restores_blas():
     assert done == [1] and blas_threads() == before
 
 
+def test_an_exception_raised_while_the_lanes_run_waits_for_them():
+    """A signal handler that raises in the calling thread while it waits on the lanes: ``run`` returns
+    (re-raising it) only once no lane runs any more - they write the arena - and BLAS is restored."""
+    import signal
+
+    class Alarm(Exception):
+        pass
+    lanes, done = Lanes(_C), []
+    before = blas_threads()
+    started = threading.Barrier(2, timeout=10)     # both lanes running when the signal comes
+
+    def fn(j):
+        started.wait()
+        if j == 0:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+        threading.Event().wait(0.3)
+        done.append(j)
+
+    def alarm(signum, frame):
+        raise Alarm
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        with pytest.raises(Alarm):
+            lanes.run(fn, 2)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    finished = sorted(done)
+    lanes.close()
+    assert finished == [0, 1]
+    assert blas_threads() == before
+
+
 def _conv_case(n=5):
     rng = np.random.default_rng(0)
     op = Conv2dOp(stride=1, padding=1)

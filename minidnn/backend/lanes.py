@@ -8,10 +8,15 @@ kernels and its GEMMs on one thread (OpenMP teams of one, BLAS limited to one
 thread while the lanes run), so ``p`` independent pieces of a batch proceed
 side by side with no hand-over at all. What ``fn(j)`` computes depends on ``j``
 alone, never on which thread runs it, so results are reproducible.
+
+No lane outlives ``run``: the lanes write into the arena, so an exception raised
+in the calling thread while it waits (a signal handler that raises) first
+cancels the lanes not yet started and waits for the running ones; the step's
+transaction (minidnn.transaction) then rolls back a state nothing writes to any more.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 
 class Lanes:
@@ -44,10 +49,18 @@ class Lanes:
         threads = [lib.num_threads for lib in libs]
         for lib in libs:
             lib.set_num_threads(1)
+        futures = []
         try:
-            futures = [pool.submit(fn, j) for j in range(p)]
-            for f in futures:
-                f.exception()                 # wait for every lane before any error surfaces
+            try:
+                for j in range(p):
+                    futures.append(pool.submit(fn, j))
+                for f in futures:
+                    f.exception()             # wait for every lane before any error surfaces
+            except BaseException:             # raised in this thread, the lanes still running
+                for f in futures:
+                    f.cancel()                # those not started never start
+                _wait_out(futures)
+                raise
             for f in futures:
                 f.result()
         finally:
@@ -58,3 +71,15 @@ class Lanes:
         if self._pool is not None:
             self._pool.shutdown()
         self._pool, self._size = None, 0
+
+
+def _wait_out(futures):
+    """Return once no lane of ``futures`` runs, even if more exceptions are raised here meanwhile
+    (a second signal): the first one is the one that propagates, after the lanes, which finish
+    their piece of a kernel in moments."""
+    while True:
+        try:
+            wait(futures)
+            return
+        except BaseException:
+            continue
