@@ -120,7 +120,7 @@ def test_plan_reports_the_minimum_that_train_accepts(capsys):
     with pytest.raises(mdn.MemoryBudgetError) as e:
         mdn.compile(models.get("resnet20"), SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9),
                     memory=1)
-    status, out = cli_json(capsys, "plan", "--model", "resnet20", "--batch-size", str(SHAPE[0]), "--budget", "1",
+    status, out = cli_json(capsys, "plan", "--model", "resnet20", "--batch-size", str(SHAPE[0]), "--budget", "1B",
                            "--profile", "cpu-2core", "--json")
     assert status == 2 and out["minimum_bytes"] == e.value.minimum_bytes
     assert "sub-batches of 1 sample" in out["error"]
@@ -165,7 +165,7 @@ def test_train_at_the_advertised_minimum_finishes_the_epoch(capsys, tmp_path):
     sub-batches, evaluates in chunks, and writes its checkpoint (evaluation used to fail there)."""
     args = ["train", "--model", "resnet20", "--data", "synthetic:3x32x32:n=16", "--batch-size", "16", "--epochs", "1",
             "--no-progress", "--out", str(tmp_path)]
-    assert main(args + ["--budget", "1"]) == 2
+    assert main(args + ["--budget", "1B"]) == 2
     least = int(re.search(r"minimum feasible [^(]*\((\d+) B\)", capsys.readouterr().err).group(1))
     assert main(args + ["--budget", str(least)]) == 0
     out = capsys.readouterr().out
