@@ -8,6 +8,13 @@ fits) under a loose (unlimited), a tight (--tight of the network's largest
 default workspace) and a zero budget. A backward pair is timed as the sum of
 its halves.
 
+PyTorch runs as its users run it: in a process of its own (scripts/peers.py),
+with the environment less what ``import minidnn`` sets, at its default thread
+count; each layer is timed by minidnn, then by PyTorch, so the machine's noise
+falls on both. It is timed at its defaults (the per-layer columns) and with each
+``--peer-env`` (default ``OMP_WAIT_POLICY=PASSIVE``, its likely best); the
+whole-network lines compare minidnn with the faster.
+
     python scripts/bench_conv_cpu.py                 # ~2 minutes on 2 cores
     python scripts/bench_conv_cpu.py --quick         # smaller batches, seconds
     python scripts/bench_conv_cpu.py --json out.json
@@ -15,6 +22,7 @@ its halves.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -22,6 +30,9 @@ import sys
 import time
 import types
 
+import peers  # stdlib only
+
+STARTED_WITH = dict(os.environ)   # before minidnn adds its settings: shown beside what it ran with
 import minidnn  # noqa: F401  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
 import numpy as np
 
@@ -100,7 +111,8 @@ def median_time(fn, repeats):
     return statistics.median(ts)
 
 
-def bench_layer(spec, repeats, torch):
+def bench_layer(spec, repeats, torch, gap=0.2):
+    """``torch``: [(label, peers.Worker)] of PyTorch's processes, its defaults first."""
     name, count, n, c, h, o, k, s, p = spec
     op = Conv2dOp(s, p)
     rng = np.random.default_rng(0)
@@ -138,13 +150,14 @@ def bench_layer(spec, repeats, torch):
     for nm, a in bwd.items():
         d, f = conv_algos.split(nm, "backward")
         res["backward_pairs"][nm] = (res["data"][d] + res["filter"][f], a.workspace)
-    if torch is not None:
-        xt, wt, gyt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(gy)
-        res["torch_forward"] = median_time(lambda: torch.nn.functional.conv2d(xt, wt, None, s, p), repeats)
-        for key, mask in (("torch_data", [True, False, False]), ("torch_filter", [False, True, False])):
-            res[key] = median_time(lambda: torch.ops.aten.convolution_backward(
-                gyt, xt, wt, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, mask), repeats)
-        res["torch_backward"] = res["torch_data"] + res["torch_filter"]
+    if torch:
+        res["torch_settings"] = {}
+        for label, worker in torch:
+            time.sleep(gap)      # the previous side's threads stop spinning
+            t = worker.request(layer=[n, c, h, o, k, s, p], repeats=repeats)
+            res["torch_settings"][label] = dict(t, backward=t["data"] + t["filter"])
+        for key, t in res["torch_settings"][torch[0][0]].items():     # the columns: PyTorch at its defaults
+            res["torch_" + key] = t
     return res
 
 
@@ -209,8 +222,15 @@ def report(net, results, tight_frac, torch):
     for label, tot in totals.items():
         print(f"    selected, {label:<22} {tot * 1e3:9.1f} ms  ({tot / default_total:.2f}x default)")
     if torch:
-        tt = sum(r["count"] * (r["torch_forward"] + r["torch_backward"]) for r in results)
-        print(f"    torch                 {tt * 1e3:9.1f} ms  ({tt / default_total:.2f}x default)")
+        peer = {}
+        for label, _ in torch:
+            peer[label] = sum(r["count"] * (r["torch_settings"][label]["forward"]
+                                            + r["torch_settings"][label]["backward"]) for r in results)
+            print(f"    torch, {label:<25} {peer[label] * 1e3:9.1f} ms  ({peer[label] / default_total:.2f}x default)")
+        loose = totals[budgets[0][0]]
+        print(f"    selected loose / torch's faster: {loose / min(peer.values()):.2f}"
+              f"  (/ torch at its defaults: {loose / peer[torch[0][0]]:.2f})")
+        totals["torch"] = peer
     # which algorithm wins where
     wins = {}
     for r in results:
@@ -235,20 +255,23 @@ def main(argv=None):
     ap.add_argument("--tight", type=float, default=0.10, help="tight budget, fraction of the largest default workspace")
     ap.add_argument("--quick", action="store_true", help="batch 2 everywhere, VGG at 56: a smoke run")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--peer-env", action="append", metavar="NAME=VALUE[,...]",
+                    help="also time PyTorch with these settings (repeatable; default OMP_WAIT_POLICY=PASSIVE; "
+                         "'' for its defaults only)")
     ap.add_argument("--json", help="write the raw timings here")
     a = ap.parse_args(argv)
-    torch = None
-    if not a.no_torch:
-        try:
-            import torch
-            torch.set_num_threads(K.get_num_threads())
-        except ImportError:
-            torch = None
+    torch = []
+    if not a.no_torch and importlib.util.find_spec("torch"):
+        envs = [{}] + [peers.settings(v) for v in (a.peer_env if a.peer_env is not None else peers.DEFAULT_BEST) if v]
+        torch = [(peers.label(env), peers.Worker(f"PyTorch ({peers.label(env)})", ["conv"], env)) for env in envs]
     if a.quick:
         a.resnet, a.cifar, a.vgg = "2x64", "4x32", "1x56"
     sizes = {"resnet18": a.resnet, "resnet18_cifar": a.cifar, "vgg16": a.vgg}
-    print(f"minidnn conv algorithms on {os.cpu_count()} cores, {K.get_num_threads()} threads; float32; "
-          f"median of {a.repeats}" + (f"; torch {torch.__version__}" if torch else ""))
+    print(f"minidnn conv algorithms on {peers.machine()}; {K.get_num_threads()} threads; float32; "
+          f"median of {a.repeats}; load average {peers.load()} at the start; each side ran with:")
+    print(peers.side_text("minidnn", peers.describe(), STARTED_WITH, "import minidnn"))
+    for _, w in torch:
+        print(peers.side_text(w.name, w.info, w.env))
     t0 = time.perf_counter()
     out = {}
     for net in a.nets.split(","):
@@ -260,7 +283,9 @@ def main(argv=None):
             print(f"  {net} {spec[0]}: done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         totals = report(f"{net} batch {n} at {size}x{size}", results, a.tight, torch)
         out[net] = {"batch": n, "size": size, "layers": results, "totals": totals}
-    print(f"\ntotal bench time {time.perf_counter() - t0:.0f} s")
+    for _, w in torch:
+        w.close()
+    print(f"\ntotal bench time {time.perf_counter() - t0:.0f} s; load average {peers.load()} at the end")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

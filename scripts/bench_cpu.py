@@ -1,167 +1,153 @@
-"""Training-step time of minidnn vs PyTorch on the CPU, measured in one run.
+"""Training-step time of minidnn vs PyTorch on the CPU, each as its users run it.
 
-    python scripts/bench_cpu.py [--steps 7] [--batch-size 32] [--threads 2] [--measured]
-                                [--without-implicit] [--without-winograd]
+    python scripts/bench_cpu.py [--steps 9] [--batch-size 32] [--threads N] [--peer-env SETTINGS]
+                                [--measured] [--without-implicit] [--without-winograd]
 
-For ResNet-18 (CIFAR variant) and VGG-11 at 3x32x32, both frameworks train
-the same network (minidnn's weights copied into PyTorch's) with SGD+momentum,
-on the same thread count, their steps alternated; the median of ``--steps``
-steps after two warm-up steps is reported for each, with the ratio
-minidnn / PyTorch (< 1: faster). minidnn plans with its default cost model
-(the CPU profile's speed hints choose each convolution's algorithm);
-``--measured`` also times a trainer whose algorithms are chosen by timing each
-one on this machine (``MemoryConfig(profile="measured")``, cached on disk), and
+For ResNet-18 (CIFAR variant) and VGG-11 at 3x32x32, both frameworks train the same network
+(minidnn's weights copied into PyTorch's) on the same batch with SGD+momentum. minidnn runs in
+this process, imported first as its users do; PyTorch runs in a process of its own
+(scripts/peers.py) with the environment less what ``import minidnn`` sets, so at its own
+defaults, and again with each ``--peer-env`` (default ``OMP_WAIT_POLICY=PASSIVE``, its likely
+best). The steps are taken in turns, one step of each side a round, so that the machine's
+noise falls on all; the median of ``--steps`` steps after two warm-up rounds is reported, with
+the ratio minidnn / PyTorch at its defaults (and the median of each round's own ratio) and
+against PyTorch's faster setting (< 1: minidnn is faster). A round during which other
+processes took more than ``--busy`` of the CPU is run again (up to 3 x ``--steps`` rounds;
+where too few were quiet, every round is kept), and the output says how many were. Every
+side takes its default thread count (``--threads`` sets ``OMP_NUM_THREADS`` for all); the
+output names the machine and what each side ran with.
+
+minidnn plans with its default cost model (the CPU profile's speed hints choose each
+convolution's algorithm); ``--measured`` also times a trainer whose algorithms are chosen by
+timing each one on this machine (``MemoryConfig(profile="measured")``, cached on disk), and
 ``--without-implicit`` (``--without-winograd``) one without the implicit (Winograd)
-convolutions; all steps alternated.
+convolutions, in the same turns.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
+import tempfile
 import time
 
-import minidnn  # before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
-import numpy as np
+STARTED_WITH = dict(os.environ)   # before minidnn adds its settings: shown beside what it ran with
+import minidnn  # noqa: E402  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
+import numpy as np  # noqa: E402
 
-from minidnn import models, nn, optim
-from minidnn.backend.cpu import CPUBackend
+import peers  # noqa: E402
+from minidnn import models, nn, optim  # noqa: E402
+from minidnn.backend.cpu import CPUBackend  # noqa: E402
+from synthetic import synthetic_batch  # noqa: E402
 
-
-def torch_resnet18_cifar(tnn, num_classes=10):
-    class Block(tnn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(cout)
-            self.relu = tnn.ReLU()
-            self.conv2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = tnn.BatchNorm2d(cout)
-            self.downsample = None
-            if stride != 1 or cin != cout:
-                self.downsample = tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False), tnn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            return self.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-    class Net(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(3, 64, 3, 1, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(64)
-            self.relu = tnn.ReLU()
-            self.maxpool = tnn.Identity()
-            widths, cin = (64, 128, 256, 512), 64
-            for i, w in enumerate(widths):
-                stride = 1 if i == 0 else 2
-                setattr(self, f"layer{i + 1}", tnn.Sequential(Block(cin, w, stride), Block(w, w, 1)))
-                cin = w
-            self.avgpool = tnn.AdaptiveAvgPool2d((1, 1))
-            self.fc = tnn.Linear(512, num_classes)
-
-        def forward(self, x):
-            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-            for i in range(4):
-                x = getattr(self, f"layer{i + 1}")(x)
-            return self.fc(self.avgpool(x).flatten(1))
-
-    return Net()
+NETS = (("ResNet-18 (CIFAR)", "resnet18_cifar", {}), ("VGG-11", "vgg11", {"image_size": 32}))
 
 
-def torch_vgg11(tnn, num_classes=10, image_size=32):
-    layers, cin = [], 3
-    for v in [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]:
-        if v == "M":
-            layers.append(tnn.MaxPool2d(2, 2))
-        else:
-            layers += [tnn.Conv2d(cin, v, 3, padding=1), tnn.ReLU()]
-            cin = v
-
-    class Net(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.features = tnn.Sequential(*layers)
-            self.avgpool = tnn.Identity()
-            side = image_size // 32
-            self.classifier = tnn.Sequential(tnn.Linear(512 * side * side, 4096), tnn.ReLU(), tnn.Dropout(),
-                                             tnn.Linear(4096, 4096), tnn.ReLU(), tnn.Dropout(),
-                                             tnn.Linear(4096, num_classes))
-
-        def forward(self, x):
-            return self.classifier(self.avgpool(self.features(x)).flatten(1))
-
-    return Net()
-
-
-def median_steps(fns, steps, warmup=2):
-    """Median step times of each of ``fns``, their steps alternated so that drift of a noisy
-    machine weighs on all alike."""
-    for _ in range(warmup):
-        for f in fns:
-            f()
-    times = [[] for _ in fns]
-    for _ in range(steps):
-        for f, ts in zip(fns, times):
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) for ts in times]
-
-
-def bench(name, make_net, torch_net, batch, steps, torch, variants):
-    """``variants``: (label, device, memory) of the minidnn trainers timed beside the default one."""
-    shape = (batch, 3, 32, 32)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype(np.float32)
-    y = rng.integers(0, 10, batch)
-    trainers = []
+def bench(name, model, kwargs, args, variants, peer_envs, show):
+    """``variants``: (label, device, memory) of the minidnn trainers timed beside the default one;
+    ``peer_envs``: PyTorch's settings, {} (its defaults) first. Prints one line; returns the times."""
+    shape, x, y = synthetic_batch(model, args.batch_size, image_size=kwargs.get("image_size"))
+    trainers, nets = [], []
     for _, device, memory in [("", "cpu", None)] + variants:
-        net = make_net().init_parameters(0)
-        trainers.append(minidnn.compile(net, shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
+        nets.append(models.get(model, num_classes=10, **kwargs).init_parameters(0))
+        trainers.append(minidnn.compile(nets[-1], shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
                                         device=device, memory=memory))
-    torch_net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
-    opt = torch.optim.SGD(torch_net.parameters(), lr=0.01, momentum=0.9)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-
-    def torch_step():
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(torch_net(tx), ty)
-        loss.backward()
-        opt.step()
-
-    *t_mdn, t_torch = median_steps([lambda t=t: t.step(x, y) for t in trainers] + [torch_step], steps)
-    line = (f"{name:<18} batch {batch:>3}  minidnn {t_mdn[0] * 1e3:8.1f} ms  PyTorch {t_torch * 1e3:8.1f} ms  "
-            f"ratio {t_mdn[0] / t_torch:5.2f}")
-    for (label, _, _), t in zip(variants, t_mdn[1:]):
-        line += f"  | {label} {t * 1e3:8.1f} ms  ratio {t / t_torch:5.2f}"
+    workers = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            share = os.path.join(tmp, "shared.npz")
+            np.savez(share, x=x, y=y, **{"state." + k: np.array(v) for k, v in nets[0].state_dict().items()})
+            for env in peer_envs:
+                workers.append(peers.Worker(f"PyTorch ({peers.label(env)})",
+                                            ["step", "--model", model, "--share", share], env))
+        if show:
+            print(peers.side_text("minidnn", peers.describe(), STARTED_WITH, "import minidnn"))
+            for w in workers:
+                print(peers.side_text(w.name, w.info, w.env))
+            print(flush=True)
+        sides = [lambda t=t: timed(lambda: t.step(x, y)) for t in trainers] + [w.step for w in workers]
+        times, timed_rounds, busy_rounds, worst = peers.alternate(
+            sides, args.steps, warmup=2, gap=args.gap, busy=args.busy, pids=[os.getpid()] + [w.proc.pid for w in workers])
+    finally:
+        for w in workers:
+            w.close()
+    med = [peers.quartiles(ts)[0] for ts in times]
+    t_mdn, t_torch = med[:len(trainers)], med[len(trainers):]
+    best = min(t_torch)
+    # beside the ratio of the medians, the median of each round's own ratio: a burst of load
+    # that covers a round weighs on both of its steps
+    rounds = statistics.median(a / b for a, b in zip(times[0], times[len(trainers)]))
+    line = (f"{name:<18} batch {args.batch_size:>3}  minidnn {ms(times[0])}  PyTorch {ms(times[len(trainers)])}  "
+            f"ratio {t_mdn[0] / t_torch[0]:4.2f} (round by round {rounds:4.2f})")
+    for env, ts in zip(peer_envs[1:], times[len(trainers) + 1:]):
+        line += f"  | PyTorch {peers.label(env)} {ms(ts)}"
+    if len(peer_envs) > 1:
+        line += f"  | ratio vs the faster {t_mdn[0] / best:4.2f}"
+    for (label, _, _), t, ts in zip(variants, t_mdn[1:], times[1:]):
+        line += f"  | {label} {ms(ts)} ratio {t / best:4.2f}"
     print(line, flush=True)
-    return t_mdn[0] / t_torch
+    if args.busy is not None:
+        kept = len(times[0])
+        print(f"{'':<18} {kept} rounds kept of {timed_rounds} timed; in {busy_rounds} other processes took more "
+              f"than {args.busy:.0%} of the CPU during a step" + ("" if busy_rounds == timed_rounds - kept else
+              " (too few quiet rounds: all kept, the figures are a busy machine's)")
+              + f"; at most {worst:.0%} in a round kept", flush=True)
+    return times
 
 
-def main():
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def ms(ts):
+    """'701.2 ms (690-720)': the median and the quartiles of ``ts`` seconds, in ms."""
+    m, lo, hi = peers.quartiles(ts)
+    return f"{m * 1e3:7.1f} ms ({lo * 1e3:.0f}-{hi * 1e3:.0f})"
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=9, help="timed steps of each side (default 9)")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for every side (default: unset, each side's own default)")
+    ap.add_argument("--peer-env", action="append", metavar="NAME=VALUE[,...]",
+                    help="also time PyTorch with these settings (repeatable; default OMP_WAIT_POLICY=PASSIVE; "
+                         "'' for its defaults only)")
+    ap.add_argument("--busy", type=float, default=0.10,
+                    help="run a round again where other processes took more than this share of the CPU "
+                         "during one of its steps (default 0.10; a negative value keeps every round)")
+    ap.add_argument("--gap", type=float, default=0.2, help="seconds of pause before each side's turn")
+    ap.add_argument("--nets", default=",".join(m for _, m, _ in NETS), help="comma-separated subset of "
+                    + ", ".join(m for _, m, _ in NETS))
     ap.add_argument("--without-implicit", action="store_true",
-                    help="also time minidnn without its implicit convolution algorithm, steps alternated")
+                    help="also time minidnn without its implicit convolution algorithm, in the same turns")
     ap.add_argument("--without-winograd", action="store_true",
-                    help="also time minidnn without its Winograd convolution algorithms, steps alternated")
+                    help="also time minidnn without its Winograd convolution algorithms, in the same turns")
     ap.add_argument("--measured", action="store_true",
-                    help="also time minidnn with algorithms chosen by measuring them here, steps alternated")
-    args = ap.parse_args()
+                    help="also time minidnn with algorithms chosen by measuring them here, in the same turns")
+    args = ap.parse_args(argv)
+    args.busy = None if args.busy < 0 else args.busy
+    if args.threads is not None and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
+        # OpenMP and OpenBLAS read it when they load, which has happened in this process: start again
+        env = dict(STARTED_WITH, OMP_NUM_THREADS=str(args.threads))
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
     variants = ([("measured", "cpu", minidnn.MemoryConfig(profile="measured"))] if args.measured else []) + (
         [("without implicit", CPUBackend(implicit=False), None)] if args.without_implicit else []) + (
         [("without winograd", CPUBackend(winograd=False), None)] if args.without_winograd else [])
-    import torch
-    torch.set_num_threads(args.threads)
-    print(f"minidnn {minidnn.__version__}, PyTorch {torch.__version__}, {args.threads} threads, "
-          f"median of {args.steps} steps after 2 warm-up steps")
-    bench("ResNet-18 (CIFAR)", lambda: models.get("resnet18_cifar", num_classes=10), torch_resnet18_cifar(torch.nn),
-          args.batch_size, args.steps, torch, variants)
-    bench("VGG-11", lambda: models.get("vgg11", num_classes=10, image_size=32), torch_vgg11(torch.nn),
-          args.batch_size, args.steps, torch, variants)
+    peer_envs = [{}] + [peers.settings(s) for s in (args.peer_env if args.peer_env is not None
+                                                     else peers.DEFAULT_BEST) if s]
+    print(f"machine: {peers.machine()}; load average {peers.load()} at the start")
+    print(f"median (quartiles) of {args.steps} steps of each side after 2 warm-up rounds; every round one step "
+          f"of each side, the first side rotating, {args.gap:g} s pause before each; each side ran with:")
+    nets = args.nets.split(",")
+    for i, (name, model, kwargs) in enumerate(n for n in NETS if n[1] in nets):
+        bench(name, model, kwargs, args, variants, peer_envs, show=i == 0)
+    print(f"load average {peers.load()} at the end")
+
 
 if __name__ == "__main__":
     main()

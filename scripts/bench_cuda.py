@@ -165,8 +165,8 @@ def torch_in_own_process(args, tf32, benchmark, seconds_left):
            "--batch-size", str(args.batch_size), "--image-size", str(args.image_size), "--steps", str(args.steps),
            "--warmup", str(args.warmup)] + (["--cudnn-benchmark"] if benchmark else [])
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, seconds_left) if seconds_left < 1e9 else None,
-                           env=peers.environment())
+        r = subprocess.run(cmd, capture_output=True, text=True, env=peers.environment(),
+                           timeout=max(1.0, seconds_left) if seconds_left < 1e9 else None)
     except subprocess.TimeoutExpired:
         return {"skipped": f"PyTorch ran past the {seconds_left:.0f} s left"}
     lines = r.stdout.strip().splitlines()
