@@ -8,13 +8,33 @@ so tracing needs no global state.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import MinidnnError, ShapeError
+
+
+class TracingError(MinidnnError, AttributeError, TypeError):
+    """A traced value was asked for a tensor method, attribute or operand it does not support;
+    the message names the module path (an AttributeError for ``hasattr``, a TypeError for operands)."""
+
+
+_SUPPORTED = ("traced values support .view, .reshape, .flatten, .contiguous, .relu, .sigmoid, .tanh, "
+              ".size, .dim, .numel, .shape, .ndim, .dtype, and +, -, *, / with a Python number "
+              "(+ and - also with another traced value); minidnn.nn.functional has the other ops")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real)
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, Value) or (hasattr(x, "data") and hasattr(x, "requires_grad"))
 
 
 @dataclass(frozen=True)
@@ -46,14 +66,138 @@ class Value:
     ndim = property(lambda self: len(self.spec.shape))
     nbytes = property(lambda self: self.spec.nbytes)
 
+    __array_ufunc__ = None    # NumPy scalars defer to the operators below (0.5 * y with np.float64)
+
     def size(self, dim=None):
         return self.shape if dim is None else self.shape[dim]
 
+    def dim(self):
+        return self.ndim
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    # -- PyTorch's tensor methods, recorded as ops ----------------------------
+    def _unsupported(self, what):
+        where = self.graph.path or "<root>"
+        return TracingError(f"{where}: {what} is not supported on the traced value {self.name} "
+                            f"(shape {self.shape}); {_SUPPORTED}")
+
+    def _shape_arg(self, method, args):
+        if len(args) == 1 and isinstance(args[0], (tuple, list)):
+            args = tuple(args[0])
+        try:
+            return tuple(operator.index(d) for d in args)
+        except TypeError:
+            raise self._unsupported(f".{method}{args!r} (dimensions must be ints)") from None
+
+    def view(self, *shape):
+        """``x.view(n, -1)`` or ``x.view((n, -1))``: a reshape (one -1 is inferred)."""
+        from .ops.elementwise import reshape
+        return reshape(self, self._shape_arg("view", shape))
+
+    def reshape(self, *shape):
+        from .ops.elementwise import reshape
+        return reshape(self, self._shape_arg("reshape", shape))
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        """As ``torch.Tensor.flatten``: from ``start_dim`` (default 0, as in PyTorch; nn.Flatten's is 1)."""
+        from .ops.elementwise import flatten
+        return flatten(self, start_dim, end_dim)
+
+    def contiguous(self):
+        return self
+
+    def relu(self):
+        from .ops.activation import relu
+        return relu(self)
+
+    def sigmoid(self):
+        from .ops.activation import sigmoid
+        return sigmoid(self)
+
+    def tanh(self):
+        from .ops.activation import tanh
+        return tanh(self)
+
+    # -- operators: with a Python number (scalar_affine) or a tensor (add) ------
+    def _affine(self, scale=1.0, shift=0.0):
+        from .ops.elementwise import scalar_affine
+        return scalar_affine(self, scale, shift)
+
     def __add__(self, other):
-        from .ops.elementwise import add
-        return add(self, other)
+        if _is_number(other):
+            return self._affine(shift=other)
+        if _is_tensor(other):
+            from .ops.elementwise import add
+            return add(self, other)
+        raise self._unsupported(f"adding a {type(other).__name__}")
 
     __radd__ = __add__
+
+    def __sub__(self, other):
+        if _is_number(other):
+            return self._affine(shift=-other)
+        if _is_tensor(other):
+            from .ops.elementwise import add
+            return add(self, -as_value(self.graph, other))
+        raise self._unsupported(f"subtracting a {type(other).__name__}")
+
+    def __rsub__(self, other):
+        if _is_number(other):
+            return self._affine(-1.0, other)
+        if _is_tensor(other):
+            from .ops.elementwise import add
+            return add(other, -self)
+        raise self._unsupported(f"subtracting from a {type(other).__name__}")
+
+    def __neg__(self):
+        return self._affine(-1.0)
+
+    def __pos__(self):
+        return self
+
+    def __mul__(self, other):
+        if _is_number(other):
+            return self._affine(scale=other)
+        if _is_tensor(other):
+            raise self._unsupported("an elementwise product of two tensors")
+        raise self._unsupported(f"multiplying by a {type(other).__name__}")
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if _is_number(other):
+            if other == 0:
+                raise self._unsupported("division by zero")
+            return self._affine(scale=1.0 / other)
+        raise self._unsupported(f"dividing by a {type(other).__name__}")
+
+    def __rtruediv__(self, other):
+        raise self._unsupported(f"dividing a {type(other).__name__} by a tensor")
+
+    def __getitem__(self, index):
+        raise self._unsupported(f"indexing/slicing [{index!r}]")
+
+    def __iter__(self):
+        raise self._unsupported("iterating")
+
+    def _no_operator(symbol):
+        def op(self, other):
+            raise self._unsupported(f"the operator {symbol}")
+        return op
+
+    __matmul__ = __rmatmul__ = _no_operator("@")
+    __pow__ = __rpow__ = _no_operator("**")
+    __floordiv__ = __rfloordiv__ = _no_operator("//")
+    __mod__ = __rmod__ = _no_operator("%")
+    del _no_operator
+
+    def __getattr__(self, name):
+        # only reached for attributes a Value lacks; private names keep Python's usual error
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise self._unsupported(f"the attribute or method .{name}")
 
     def __repr__(self):
         return f"Value({self.name}, shape={self.shape}, dtype={np.dtype(self.dtype).name})"

@@ -204,12 +204,10 @@ class AdaptiveMaxPool2d(_AdaptivePool2d):
 class Flatten(Module):
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
-        if end_dim != -1:
-            raise ValueError("Flatten supports end_dim=-1 only")
-        self.start_dim = start_dim
+        self.start_dim, self.end_dim = start_dim, end_dim
 
     def forward(self, x):
-        return ops.flatten(x, self.start_dim)
+        return ops.flatten(x, self.start_dim, self.end_dim)
 
 
 class Dropout(Module):
