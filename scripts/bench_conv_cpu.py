@@ -25,12 +25,12 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 import types
 
 import peers  # stdlib only
+from peers import median_time
 
 STARTED_WITH = dict(os.environ)   # before minidnn adds its settings: shown beside what it ran with
 import minidnn  # noqa: F401  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
@@ -99,16 +99,6 @@ def aligned(nbytes, align=ALIGN):
     raw = np.empty(nbytes + align, np.uint8)
     skip = (-raw.ctypes.data) % align
     return raw[skip:skip + nbytes]
-
-
-def median_time(fn, repeats):
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def bench_layer(spec, repeats, torch, gap=0.2):

@@ -345,21 +345,23 @@ def step_worker(a):
     serve(timed_steps(step), describe())
 
 
+def median_time(fn, repeats):
+    """The median seconds of ``repeats`` calls of ``fn``, after one call that warms it."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
 def conv_worker(a):
     """PyTorch's convolution passes: ``{"layer": [n, c, h, o, k, stride, pad], "repeats": r}`` is
     answered with the median seconds of the forward, the data and the filter gradient, on the
     arrays the minidnn side draws (the same seed, in the same order)."""
     import torch
     import numpy as np
-
-    def median_time(fn, repeats):
-        fn()
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
 
     def handle(req):
         n, c, h, o, k, s, p = req["layer"]

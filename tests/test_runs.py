@@ -13,24 +13,12 @@ import textwrap
 
 import pytest
 
-from minidnn import cli
 from minidnn import trace as trace_module
 from minidnn.checkpoint import save_checkpoint
+from test_cli import one_line_error, run
 
 LENET = ["--model", "lenet5", "--data", "synthetic:1x28x28:classes=10:n=32", "--epochs", "1", "--batch-size", "16",
          "--no-progress"]
-
-
-def run(capsys, *argv):
-    rc = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(err):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("minidnn: error: "), err
-    return lines[0]
 
 
 def files_of(folder):
