@@ -15,9 +15,9 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import minidnn as mdn
-from harness import host
 from minidnn import nn, optim
 from networks import make_resnet
+from test_atomic_step import differing, state_of
 
 SHAPE = (8, 3, 16, 16)
 
@@ -39,20 +39,6 @@ def build():
     """BatchNorm (statistics a forward moves), dropout (the trainer's random stream) and momentum."""
     net = make_resnet(nn, dropout=True).init_parameters(0)
     return mdn.compile(net, SHAPE, nn.CrossEntropyLoss(), optim.SGD(lr=0.05, momentum=0.9), seed=1)
-
-
-def state_of(trainer):
-    s = {k: host(v).copy() for k, v in trainer.net.state_dict().items()}
-    for name, p in trainer.net.named_parameters():
-        for n in trainer.optimizer.state_names:
-            s[f"{name}:{n}"] = host(trainer.store.optimizer_state(p, n)).copy()
-    s["steps_done"] = np.array(trainer.steps_done)
-    s["rng"] = np.array(repr(trainer.rng.bit_generator.state))
-    return s
-
-
-def differing(a, b):
-    return [k for k in a if not np.array_equal(a[k], b[k])]
 
 
 def in_threads(*fns):
