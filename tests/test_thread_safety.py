@@ -7,7 +7,6 @@ leaves the state of before or after the step, and no lane keeps writing the aren
 """
 import os
 import signal
-import sys
 import threading
 
 import numpy as np
@@ -17,7 +16,7 @@ from threadpoolctl import threadpool_limits
 import minidnn as mdn
 from minidnn import nn, optim
 from networks import make_resnet
-from test_atomic_step import differing, state_of
+from test_atomic_step import differing, state_of, traced_step
 
 SHAPE = (8, 3, 16, 16)
 
@@ -136,14 +135,6 @@ class Raiser:
         if self.n == self.at:
             signal.raise_signal(signal.SIGALRM)
         return self
-
-
-def traced_step(trainer, x, y, tracer):
-    sys.settrace(tracer)
-    try:
-        return trainer.step(x, y)
-    finally:
-        sys.settrace(None)
 
 
 def test_a_signal_handler_that_raises_anywhere_in_a_step_leaves_the_state_of_before_or_after():
