@@ -46,6 +46,9 @@ if [ -z "$logdir" ]; then
 fi
 mkdir -p "$logdir"
 py="${PYTHON:-python3}"
+# -P: the installed minidnn is what runs; `python -m` would otherwise put the source tree first on
+# sys.path, whose minidnn has neither the built extension nor the packaged model zoo.
+pym=("$py" -P -m)
 summary="$logdir/summary.txt"
 : > "$summary"
 
@@ -77,7 +80,7 @@ fi
 note "step limits: deps $T_DEPS s, build $T_BUILD s, info $T_INFO s, tests $T_TESTS s, benchmark $T_BENCH s, nccl $T_NCCL s = $total s"
 
 # 1. install, offline
-pipx=("$py" -m pip install --no-index --disable-pip-version-check)
+pipx=("${pym[@]}" pip install --no-index --disable-pip-version-check)
 if [ -f "$wheels/requirements.txt" ]; then
     if [ $dry = 1 ]; then
         # resolved for the GPU machine's interpreter (CPython 3.12, manylinux x86-64), whatever runs this
@@ -107,7 +110,7 @@ else
 fi
 
 # 2. is CUDA usable?
-step info "$T_INFO" "$py" -m minidnn.cli info
+step info "$T_INFO" "${pym[@]}" minidnn.cli info
 if ! grep -q "cuda backend: available" "$logdir/info.log"; then
     if [ $dry = 0 ]; then
         note "gpu_check: the cuda backend is not available (see info.log): stopping before the GPU steps"
@@ -118,18 +121,18 @@ fi
 
 # 3-5. the GPU steps, or in a dry run what can be checked of them without a GPU
 if [ $dry = 1 ]; then
-    step tests "$T_TESTS" "$py" -m pytest -q -p no:cacheprovider --collect-only -k cuda tests/ \
+    step tests "$T_TESTS" "${pym[@]}" pytest -q -p no:cacheprovider --collect-only -k cuda tests/ \
         || { note "gpu_check: the CUDA tests do not collect"; exit 1; }
     grep -Eq "^tests/.*: [1-9][0-9]*$" "$logdir/tests.log" || { note "gpu_check: no CUDA test selected"; exit 1; }
     step benchmark "$T_BENCH" "$py" scripts/bench_cuda.py --help || exit 1
-    step nccl "$T_NCCL" "$py" -m pytest -q -p no:cacheprovider --collect-only tests/test_nccl.py || exit 1
+    step nccl "$T_NCCL" "${pym[@]}" pytest -q -p no:cacheprovider --collect-only tests/test_nccl.py || exit 1
     note "gpu_check: dry run done"
     exit 0
 fi
 failed=0
-step tests "$T_TESTS" "$py" -m pytest -q -p no:cacheprovider -rfs --timeout=60 -k cuda tests/ || failed=1
+step tests "$T_TESTS" "${pym[@]}" pytest -q -p no:cacheprovider -rfs --timeout=60 -k cuda tests/ || failed=1
 # the benchmark starts no configuration past 120 s, so that it writes its report within its limit
 step benchmark "$T_BENCH" "$py" scripts/bench_cuda.py --steps 5 --warmup 2 --deadline 120 --out "$logdir" || failed=1
-step nccl "$T_NCCL" "$py" -m pytest -q -p no:cacheprovider -rfs --timeout=40 tests/test_nccl.py || failed=1
+step nccl "$T_NCCL" "${pym[@]}" pytest -q -p no:cacheprovider -rfs --timeout=40 tests/test_nccl.py || failed=1
 note "gpu_check: done$([ $failed = 1 ] && echo ', with failures')"
 exit $failed

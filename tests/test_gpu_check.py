@@ -20,10 +20,13 @@ def test_gpu_check_dry_run(tmp_path):
                         "--wheels", str(tmp_path / "no-wheels"), str(logs)],
                        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
     summary = (logs / "summary.txt").read_text()
-    assert r.returncode == 0, r.stdout + r.stderr
+    logged = "".join(f"\n--- {log.name}\n{log.read_text()[-3000:]}" for log in sorted(logs.glob("*.log")))
+    assert r.returncode == 0, r.stdout + r.stderr + logged
     assert "= 480 s" in summary and "the offline install is not checked" in summary
     for step in ("info", "tests", "benchmark", "nccl"):
         assert f"== {step}: exit 0" in summary, step
         assert (logs / f"{step}.log").stat().st_size > 0
     assert "test_cuda_backend.py" in (logs / "tests.log").read_text()
     assert "dry run done" in summary
+    # the steps ran the installed minidnn, never the source tree that `python -m` puts first on sys.path
+    assert "ImportError" not in (logs / "tests.log").read_text()
