@@ -25,8 +25,9 @@ class TracingError(MinidnnError, AttributeError, TypeError):
 
 
 _SUPPORTED = ("traced values support .view, .reshape, .flatten, .contiguous, .relu, .sigmoid, .tanh, "
-              ".size, .dim, .numel, .shape, .ndim, .dtype, and +, -, *, / with a Python number "
-              "(+ and - also with another traced value); minidnn.nn.functional has the other ops")
+              ".size, .dim, .numel, .shape, .ndim, .dtype, +, -, *, / with a Python number "
+              "(+ and - also with another traced value), and basic indexing (ints, slices with positive "
+              "steps, ... and None, dim 0 whole); minidnn.nn.functional has the other ops")
 
 
 def _is_number(x) -> bool:
@@ -177,7 +178,13 @@ class Value:
         raise self._unsupported(f"dividing a {type(other).__name__} by a tensor")
 
     def __getitem__(self, index):
-        raise self._unsupported(f"indexing/slicing [{index!r}]")
+        """Basic indexing as PyTorch's (``x[:, 1:3]``, ``x[..., ::2]``, ``x[:, 0]``, ``x[:, None]``),
+        with dim 0 (the batch) taken whole; anything else is a TracingError naming the module path."""
+        from .ops.index import UnsupportedIndex, getitem, show
+        try:
+            return getitem(self, index)
+        except UnsupportedIndex as e:
+            raise self._unsupported(f"indexing [{show(index)}] with {e}") from None
 
     def __iter__(self):
         raise self._unsupported("iterating")

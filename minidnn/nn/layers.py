@@ -1,9 +1,12 @@
 """The layers: each owns its parameters and calls one functional op."""
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from .. import ops
+from ..ops.interpolate import check_arguments as check_interpolate_arguments
 from ..ops.pool import adaptive_size
 from . import init
 from .module import Buffer, Module, Parameter
@@ -88,11 +91,15 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
-class BatchNorm2d(Module):
+class _BatchNorm(Module):
+    """BatchNorm's parameters and running statistics, PyTorch's names; subclasses pick the op."""
+
+    fn = None
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
         super().__init__()
         if not affine or not track_running_stats:
-            raise ValueError("BatchNorm2d supports affine=True, track_running_stats=True only")
+            raise ValueError(f"{type(self).__name__} supports affine=True, track_running_stats=True only")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(np.ones(num_features, np.float32))
         self.bias = Parameter(np.zeros(num_features, np.float32))
@@ -108,11 +115,74 @@ class BatchNorm2d(Module):
         self.num_batches_tracked.data[...] = 0
 
     def forward(self, x):
-        return ops.batch_norm2d(x, self.weight, self.bias, self.running_mean, self.running_var,
-                                self.training, self.momentum, self.eps)
+        return type(self).fn(x, self.weight, self.bias, self.running_mean, self.running_var,
+                             self.training, self.momentum, self.eps)
 
     def extra_repr(self):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class BatchNorm2d(_BatchNorm):
+    """Per channel over (N, H, W) of (N, C, H, W)."""
+
+    fn = staticmethod(ops.batch_norm2d)
+
+
+class BatchNorm1d(_BatchNorm):
+    """Per channel over N of (N, C), or over (N, L) of (N, C, L): BatchNorm2d's op on a 4-D view."""
+
+    fn = staticmethod(ops.batch_norm1d)
+
+
+class LayerNorm(Module):
+    """Normalizes over the last ``len(normalized_shape)`` dimensions; ``weight`` and ``bias`` have
+    ``normalized_shape`` (PyTorch's layout) unless ``elementwise_affine=False`` (or ``bias=False``)."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else normalized_shape
+        self.normalized_shape = tuple(int(d) for d in shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        affine = elementwise_affine
+        self.weight = Parameter(np.ones(self.normalized_shape, np.float32)) if affine else None
+        self.bias = Parameter(np.zeros(self.normalized_shape, np.float32)) if affine and bias else None
+
+    def reset_parameters(self, rng):
+        if self.weight is not None:
+            self.weight.data[...] = 1
+        if self.bias is not None:
+            self.bias.data[...] = 0
+
+    def forward(self, x):
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(Module):
+    """Normalizes each of ``num_groups`` groups of channels of each sample; ``weight`` and ``bias``
+    per channel."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
+        super().__init__()
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
+                             f"({num_groups})")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.weight = Parameter(np.ones(num_channels, np.float32)) if affine else None
+        self.bias = Parameter(np.zeros(num_channels, np.float32)) if affine else None
+
+    def reset_parameters(self, rng):
+        if self.affine:
+            self.weight.data[...] = 1
+            self.bias.data[...] = 0
+
+    def forward(self, x):
+        return ops.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
 class _Activation(Module):
@@ -135,6 +205,29 @@ class Sigmoid(_Activation):
 
 class Tanh(_Activation):
     fn = staticmethod(ops.tanh)
+
+
+class SiLU(_Activation):
+    fn = staticmethod(ops.silu)
+
+    def __init__(self, inplace=False):
+        super().__init__()
+
+
+class GELU(Module):
+    """``approximate="none"``: x * Phi(x) (erf); ``"tanh"``: PyTorch's tanh approximation."""
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x):
+        return ops.gelu(x, self.approximate)
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
 
 
 class LeakyReLU(Module):
@@ -199,6 +292,27 @@ class AdaptiveMaxPool2d(_AdaptivePool2d):
 
     def forward(self, x):
         return ops.adaptive_max_pool2d(x, self.output_size)
+
+
+class Upsample(Module):
+    """Resizes (N, C, H, W) to ``size`` or by ``scale_factor``, mode 'nearest' or 'bilinear'
+    (``align_corners`` False by default), as PyTorch's."""
+
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None):
+        super().__init__()
+        check_interpolate_arguments(size, scale_factor, mode, align_corners)
+        self.size, self.mode, self.align_corners = size, mode, align_corners
+        self.scale_factor = scale_factor
+        self.recompute_scale_factor = recompute_scale_factor
+
+    def forward(self, x):
+        return ops.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                               self.recompute_scale_factor)
+
+    def extra_repr(self):
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode={self.mode!r}"
 
 
 class Flatten(Module):

@@ -13,10 +13,10 @@ statistics and the backward's two per-channel sums over the global mini-batch.
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..graph import Spec
+from ..graph import Spec, find_graph
 from .activation import ReLUOp
 from .base import Op, apply
-from .elementwise import AddOp
+from .elementwise import AddOp, reshape
 
 
 def update_running_stats(xp, rmean, rvar, mean, var, momentum, m):
@@ -136,3 +136,22 @@ class FusedBatchNorm2dOp(BatchNorm2dOp):
 
 def batch_norm2d(x, weight, bias, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
     return apply(BatchNorm2dOp(training, momentum, eps), x, weight, bias, running_mean, running_var)[0]
+
+
+def batch_norm1d(x, weight, bias, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
+    """BatchNorm over (N, C) or (N, C, L), per channel: BatchNorm2d's op on x viewed as
+    (N, C, 1, 1) or (N, C, L, 1), so it shares its kernels, its recomputation, its statistics over
+    sub-batches and over data-parallel ranks."""
+    shape = tuple(x.shape)
+    if len(shape) not in (2, 3):
+        raise _shape_error(x, f"expected a 2-D (N, C) or 3-D (N, C, L) input, got {len(shape)}-D")
+    if shape[1] != weight.shape[0]:
+        raise _shape_error(x, f"expected {weight.shape[0]} channels, got {shape[1]}")
+    if training and shape[0] * (shape[2] if len(shape) == 3 else 1) < 2:
+        raise _shape_error(x, "expected more than 1 value per channel when training")
+    x4 = reshape(x, shape + (1,) * (4 - len(shape)))
+    return reshape(batch_norm2d(x4, weight, bias, running_mean, running_var, training, momentum, eps), shape)
+
+
+def _shape_error(x, msg):
+    return ShapeError(f"{find_graph(x).path or '<root>'} (batch_norm1d): {msg} [input shapes {tuple(x.shape)}]")
