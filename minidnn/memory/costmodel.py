@@ -3,13 +3,20 @@
 A cost model answers three questions: how long a step of the schedule
 computes, how long a copy of n bytes between device and host takes, and what
 fraction of a copy's time compute running beside it keeps (``copy_overlap``).
-``ProfileCost`` derives both from a :class:`DeviceProfile` (no kernel runs);
+``ProfileCost`` derives both from a :class:`DeviceProfile` (no kernel runs) in
+a math precision (the profile's own, or one given: ``memory.profiles.PRECISIONS``);
 ``MeasuredCost`` takes per-step times measured on the running backend (by the
 executor's profiling pass) and the copy bandwidth measured there.
 """
 from __future__ import annotations
 
-from .profiles import get_profile
+import numpy as np
+
+from .profiles import ELEMENT_BYTES, PRECISIONS, get_profile
+
+# the ops whose arithmetic runs on tensor cores (convolutions and GEMMs); every other op is
+# bound by its bytes
+TENSOR_OPS = frozenset({"conv2d", "conv_transpose2d", "linear"})
 
 
 def _bytes_touched(schedule, step) -> int:
@@ -19,17 +26,46 @@ def _bytes_touched(schedule, step) -> int:
                if t < len(schedule.tensors))
 
 
+def _bytes_at(schedule, step, element_bytes) -> int:
+    """The bytes ``step`` touches with every floating-point tensor wider than ``element_bytes``
+    counted at that width (an FP32 schedule run as autocast runs it: 2-byte activations)."""
+    total = 0
+    for t in dict.fromkeys(step.reads + step.writes + step.updates):
+        if t >= len(schedule.tensors):
+            continue
+        spec = schedule.tensors[t].spec
+        dtype = np.dtype(spec.dtype)
+        if np.issubdtype(dtype, np.floating) and dtype.itemsize > element_bytes:
+            total += spec.nbytes // dtype.itemsize * element_bytes
+        else:
+            total += spec.nbytes
+    return total
+
+
 class ProfileCost:
-    def __init__(self, profile):
+    """Step times from a device profile in ``precision`` (default: the profile's own): convolutions
+    and GEMMs at the precision's tensor-core rate, the rest at the bandwidth over the bytes at the
+    precision's element size; the optimizer's update in FP32 (master weights, as autocast)."""
+
+    def __init__(self, profile, precision=None):
         # "measured" without measurements (a schedule other than the one profiled): the CPU profile
         self.profile = get_profile("cpu-2core" if profile == "measured" else profile)
+        self.precision = self.profile.precision if precision is None else precision
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; known: {', '.join(PRECISIONS)}")
 
     def step_seconds(self, schedule, step, algo=None) -> float:
         """Predicted time of ``step``; with ``algo`` (an ops.base.Algo), scaled by its speed hint."""
         if step.kind == "load":
             return self.transfer_seconds(_bytes_touched(schedule, step))
-        flops = step.flops if step.kind != "update" else 4.0 * schedule.tensors[step.ins[0]].spec.nbytes / 4
-        t = self.profile.compute_seconds(flops, _bytes_touched(schedule, step))
+        if step.kind == "update":
+            flops = 4.0 * schedule.tensors[step.ins[0]].spec.nbytes / 4
+            t = self.profile.compute_seconds(flops, _bytes_touched(schedule, step), precision="fp32")
+        else:
+            element = ELEMENT_BYTES[self.precision]
+            nbytes = _bytes_touched(schedule, step) if element == 4 else _bytes_at(schedule, step, element)
+            tensor_op = step.node is not None and step.node.op.name in TENSOR_OPS
+            t = self.profile.compute_seconds(step.flops, nbytes, tensor_op, self.precision)
         return t * algo.speed if algo is not None else t
 
     def transfer_seconds(self, nbytes) -> float:
