@@ -22,9 +22,10 @@ from .errors import (BackendUnavailable, CheckpointError, ConfigError, DataError
                      MemoryBudgetError, MinidnnError, NumericalError, ShapeError)
 from .memory import MemoryConfig  # noqa: E402
 from .trainer import Trainer, compile  # noqa: E402
+from .training import evaluate, fit, load, save  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["nn", "optim", "distributed", "compile", "Trainer", "MemoryConfig", "ShapeError", "MemoryBudgetError",
-           "BackendUnavailable", "DataError", "CheckpointError", "NumericalError", "ConfigError",
-           "DistributedError", "MinidnnError"]
+__all__ = ["nn", "optim", "distributed", "compile", "Trainer", "fit", "evaluate", "save", "load", "MemoryConfig",
+           "ShapeError", "MemoryBudgetError", "BackendUnavailable", "DataError", "CheckpointError", "NumericalError",
+           "ConfigError", "DistributedError", "MinidnnError"]

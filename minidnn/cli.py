@@ -183,11 +183,10 @@ def _run(args, parallel, resume, given, folder):
     net = _build(args.model, train_set)
     opt = _optimizer(args)
     sched = _lr_schedule(args, opt)
-    mean, std = _normalization(train_set)
     train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=False, seed=args.seed,
-                              mean=mean, std=std, augment=False if args.augment == "none" else args.augment,
+                              augment=False if args.augment == "none" else args.augment,
                               pad=args.pad, shard=parallel.shard_of if parallel is not None else None)
-    test_loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=mean, std=std)
+    test_loader = DataLoader(test_set, args.batch_size, shuffle=False)
     if args.trace_dir:
         start = (resume.meta["epoch"] * len(train_loader) + resume.meta["batch"]) if resume is not None else 0
         steps = args.epochs * len(train_loader) - start
@@ -199,7 +198,7 @@ def _run(args, parallel, resume, given, folder):
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
                       device=device, memory=MemoryConfig(budget=parse_budget(args.budget), bn=args.bn,
                                                           sub_batching=SUB_BATCHING[args.sub_batching]),
-                      seed=args.seed, parallel=parallel)
+                      seed=args.seed, parallel=parallel, normalize=_normalization(train_set))   # kept in checkpoints
     net.init_parameters(args.seed)        # in place, into the trainer's persistent region
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
@@ -217,7 +216,7 @@ def _run(args, parallel, resume, given, folder):
         if changed:
             print(f"warning: {', '.join(f'{k} {old[k]!r} -> {config[k]!r}' for k in changed)} since the "
                   "checkpoint; the resumed run will not repeat the original", file=sys.stderr)
-    run_info = {"config": config, "normalization": {"mean": mean, "std": std}}
+    run_info = {"config": config}
     on_step = None
     lead = folder is not None                            # the rank that logs and checkpoints
     if args.trace_dir and parallel is not None:          # each rank its own trace
@@ -230,7 +229,7 @@ def _run(args, parallel, resume, given, folder):
             seen.append(loss)
             if len(seen) == args.trace_step:
                 try:
-                    paths = write_trace(trainer.trace, args.trace_dir)
+                    paths = trainer.save_trace(args.trace_dir)
                 except OSError as e:       # a full disk: the trace is lost, not the training
                     print(f"warning: the memory trace of step {args.trace_step} was not written to "
                           f"{args.trace_dir} ({' '.join(str(e).split())}); training goes on", file=sys.stderr)
@@ -298,23 +297,23 @@ def cmd_trace(args):
 
 def cmd_eval(args):
     """``minidnn eval``: test accuracy of a checkpoint (model, data and normalisation from the checkpoint)."""
-    from . import compile, models, nn, optim
+    from . import compile, models, nn
     from .data import DataLoader, load
-    from .training import evaluate, load_weights, read_checkpoint
+    from .training import evaluate, read_checkpoint, restore
     if args.model:
         models.info(args.model)
-    _, tensors, meta = read_checkpoint(args.checkpoint, args.model)
-    model, config = meta["model"], meta.get("config", {})
+    ckpt = read_checkpoint(args.checkpoint, args.model)
+    model, config = ckpt.meta["model"], ckpt.meta.get("config", {})
     data = args.data or config.get("data", "digits")
     size = args.image_size or config.get("image_size")
     test_set = load(data, "test", size=size)
-    norm = meta.get("normalization") or dict(zip(("mean", "std"), _normalization(load(data, "train", size=size))))
     net = _build(model, test_set)
-    trainer = compile(net, (args.batch_size, *test_set.shape), nn.CrossEntropyLoss(), optim.SGD(lr=0.0),
-                      device=args.device)
-    load_weights(tensors, net, args.checkpoint)
-    loader = DataLoader(test_set, args.batch_size, shuffle=False, mean=norm["mean"], std=norm["std"])
-    acc = evaluate(trainer, loader)
+    # the checkpoint's normalization (restore sets it; None: none); a first-format one may not say
+    norm = None if "normalization" in ckpt.meta else _normalization(load(data, "train", size=size))
+    trainer = compile(net, (args.batch_size, *test_set.shape), nn.CrossEntropyLoss(), device=args.device,
+                      normalize=norm)
+    restore(ckpt, trainer)
+    acc = evaluate(trainer, DataLoader(test_set, args.batch_size, shuffle=False))
     print(f"{model}: test accuracy {acc * 100:.2f}% on {len(test_set)} images of {test_set.name}")
     return 0
 
@@ -337,7 +336,10 @@ def cmd_plan(args):
     from .memory.profiles import SYSTEMS, get_system
     from .report import make_plan, plan_dict, plan_text, ranks_dict, ranks_text
     models.info(args.model)
-    system = get_system(args.profile)
+    if args.precision in ("bf16", "fp16"):
+        raise MinidnnError(f"--precision {args.precision}: mixed precision training is not yet available "
+                           "(it needs 2-byte activations in the schedule); use fp32 or tf32")
+    system = get_system(args.profile).at_precision(args.precision)
     if args.ranks < 1 or args.batch_size % args.ranks:
         raise MinidnnError(f"--batch-size {args.batch_size} (the global mini-batch) must split evenly over "
                            f"--ranks {args.ranks}")
@@ -359,12 +361,16 @@ def cmd_plan(args):
         from .distributed.buckets import gradient_buckets
         pred = predict(plan, [b.grads for b in gradient_buckets(plan.schedule)], system, args.ranks)
     if args.json:
-        out = plan_dict(plan, args.model, shape, system.device.name, args.policy)
+        out = plan_dict(plan, args.model, shape, system.device, args.policy)
+        out["precision"] = args.precision
         if pred is not None:
             out["data_parallel"] = ranks_dict(pred, system)
         print(json.dumps(out, indent=1))
     else:
-        print(plan_text(plan, args.model, shape, system.device.name, args.policy))
+        if args.precision != "fp32":
+            print(f"precision {args.precision}: convolutions and GEMMs on the profile's {args.precision.upper()} "
+                  "tensor cores (at FP32 where it has none)")
+        print(plan_text(plan, args.model, shape, system.device, args.policy))
         if pred is not None:
             print(ranks_text(pred, system, args.batch_size))
     return 0
@@ -398,7 +404,7 @@ def cmd_info(args):
 def parser():
     """The argument parser of the ``minidnn`` command."""
     from .memory import PROFILES
-    from .memory.profiles import SYSTEMS
+    from .memory.profiles import PRECISIONS, SYSTEMS
     p = argparse.ArgumentParser(prog="minidnn", description="Train CNNs within a memory budget.",
                                 epilog="Errors are one line on stderr (exit status 2); set MINIDNN_DEBUG=1 "
                                        "for the traceback.")
@@ -480,6 +486,9 @@ def parser():
     pl.add_argument("--profile", choices=sorted(PROFILES) + sorted(SYSTEMS), default="titanx-12gb",
                     help="device profile for the cost model, or a multi-device system (" +
                          ", ".join(sorted(SYSTEMS)) + ") whose device it uses")
+    pl.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                    help="the math of convolutions and GEMMs: fp32 (CUDA cores) or tf32 (tensor cores on FP32 "
+                         "data, A100 on); bf16 and fp16 (mixed precision) are not yet available")
     pl.add_argument("--ranks", type=int, default=1,
                     help="data-parallel ranks (devices of a system profile): predicts the step time and "
                          "the scaling efficiency (each rank at batch-size / N, against one device at that "

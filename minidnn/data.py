@@ -11,11 +11,12 @@ import pickle
 import queue
 import threading
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
 from .distributed.parallel import shard_range
-from .errors import DataError
+from .errors import ConfigError, DataError
 from .memory.config import format_bytes
 
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -376,6 +377,57 @@ def load(spec="digits", split="train", size=None):
     return dataset
 
 
+# ---------------------------------------------------------------- normalization
+
+class Normalization(NamedTuple):
+    """Per-channel input normalization ``(x - mean) / std`` over axis 1, kept with a trainer.
+
+    A trainer compiled with ``normalize=(mean, std)`` applies it in ``step`` and
+    ``predict``, and its checkpoints store it, so a network loaded from one is
+    fed as it was trained. One value broadcasts over every channel.
+    """
+
+    mean: tuple
+    std: tuple
+
+    @classmethod
+    def of(cls, value, channels=None, where="normalize"):
+        """``value`` - (mean, std), a dict with "mean" and "std", a Normalization, or None - checked.
+
+        ConfigError naming ``where`` for a std that is not positive, a value that is
+        not finite, or a count that is neither 1 nor ``channels``."""
+        if value is None:
+            return None
+        try:
+            mean, std = (value["mean"], value["std"]) if isinstance(value, dict) else value
+            mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+            std = np.asarray(std, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError, KeyError):
+            raise ConfigError(f"{where}: expected (mean, std), per-channel numbers, got {value!r:.80}") from None
+        if mean.size == 0 or std.size == 0 or not (np.isfinite(mean).all() and np.isfinite(std).all()):
+            raise ConfigError(f"{where}: mean and std must be finite numbers, got {mean.tolist()}, {std.tolist()}")
+        if (std <= 0).any():
+            raise ConfigError(f"{where}: std must be positive, got {std.tolist()}")
+        counts = {mean.size, std.size} - {1}
+        if len(counts) > 1 or (channels is not None and counts - {channels}):
+            need = ("one value" if channels == 1 else f"1 or {channels} values" if channels
+                    else "1 value or one per channel")
+            raise ConfigError(f"{where}: mean and std need {need}, got {mean.size} and {std.size}")
+        return cls(tuple(mean.tolist()), tuple(std.tolist()))
+
+    def apply(self, x):
+        """``(x - mean) / std`` per channel: in float32 for float32 (and byte) images, as
+        ``DataLoader(mean=, std=)`` computes it."""
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        mean = np.asarray(self.mean, dtype=np.float32).reshape(shape)
+        std = np.asarray(self.std, dtype=np.float32).reshape(shape)
+        return np.ascontiguousarray((x - mean) / std)
+
+    def to_dict(self):
+        """The JSON form checkpoints store: {"mean": [...], "std": [...]}."""
+        return {"mean": list(self.mean), "std": list(self.std)}
+
+
 # ---------------------------------------------------------------- DataLoader
 
 _END = object()
@@ -423,6 +475,14 @@ class DataLoader:
         # a last partial batch with fewer samples than ranks is dropped, on every rank alike
         full, rest = divmod(n, self.batch_size)
         return full + (not self.drop_last and rest >= self.shard[1] and rest > 0)
+
+    @property
+    def normalization(self):
+        """The :class:`Normalization` this loader applies to its batches, or None (a trainer
+        compiled with ``normalize=`` applies it instead, and keeps it in its checkpoints)."""
+        if self._mean is None:
+            return None
+        return Normalization(tuple(self._mean.reshape(-1).tolist()), tuple(self._std.reshape(-1).tolist()))
 
     def set_epoch(self, epoch):
         """Select the epoch whose shuffle and augmentation the next pass uses."""

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import numpy as np
 
+from .atomic_write import replacing
 from .autograd import build_schedule
 from .backend import get_backend
+from .data import Normalization
 from .errors import ConfigError, ShapeError
 from .executor import Context, Executor
 from .graph import trace
@@ -43,8 +46,11 @@ class Trainer:
     """
 
     def __init__(self, net, input_shape, loss, optimizer, device="cpu", memory=None, dtype=np.float32, seed=0,
-                 trace_every=1, parallel=None):
+                 trace_every=1, parallel=None, normalize=None):
         dtype = _training_dtype(dtype)
+        # the inputs' normalization belongs to the model: step and predict apply it, checkpoints keep it
+        self.normalization = Normalization.of(normalize, input_shape[1] if len(input_shape) > 1 else None,
+                                              "compile: normalize")
         # step and predict share the arena, the plans and the counters: one runs at a time (see step)
         self._running = threading.Lock()
         # Compiling points the network's arrays at the trainer's (cast, then moved into its persistent
@@ -154,6 +160,9 @@ class Trainer:
             raise ShapeError(f"step: the batch is empty (input of shape {x.shape}); give at least one sample")
         return x
 
+    def _normalized(self, x):
+        return self.normalization.apply(x) if self.normalization is not None else x
+
     def _check_labels(self, plan, y):
         y = np.asarray(y)
         spec = plan.labels
@@ -186,7 +195,7 @@ class Trainer:
                 return self._step(x, y, txn)
 
     def _step(self, x, y, txn):
-        x = self._check_input(x)
+        x = self._normalized(self._check_input(x))
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
@@ -206,7 +215,7 @@ class Trainer:
     def predict(self, x) -> np.ndarray:
         """The network's output for ``x`` in eval mode (a new array); waits for a ``step`` running in
         another thread, and the other way round."""
-        x = self._check_input(x)
+        x = self._normalized(self._check_input(x))
         with self._running:
             self.store.adopt()
             plan = self.plan_for((x.shape[0],) + self.input_shape[1:], training=False)
@@ -217,6 +226,26 @@ class Trainer:
     def trace(self):
         """The memory timeline of the last recorded training step (a minidnn.trace.Trace), or None."""
         return self.recorder.trace if self.recorder is not None else None
+
+    def save_trace(self, folder):
+        """Write the last recorded training step's memory timeline into ``folder``: trace.json
+        (Perfetto, chrome://tracing), memory.png, memory_snapshot.pickle (pytorch.org/memory_viz)
+        and memory.csv, each file whole or not at all. Returns the paths written."""
+        from .trace import plot, to_csv       # plot imports matplotlib: only when a trace is saved
+        trace = self.trace
+        if trace is None:
+            raise ConfigError("save_trace: no training step has been recorded yet" +
+                              (" (compiled with trace_every=0)" if self.recorder is None else ""))
+        os.makedirs(folder, exist_ok=True)
+        paths = {name: os.path.join(folder, name) for name in
+                 ("trace.json", "memory.png", "memory_snapshot.pickle", "memory.csv")}
+        trace.save(paths["trace.json"])
+        for name, write in (("memory.png", lambda p: plot(trace, p)),
+                            ("memory_snapshot.pickle", trace.save_memory_snapshot),
+                            ("memory.csv", lambda p: to_csv(trace, p))):
+            with replacing(paths[name]) as tmp:
+                write(tmp)
+        return list(paths.values())
 
     # -- accounting ---------------------------------------------------------
     @property
@@ -238,7 +267,7 @@ class Trainer:
 
 
 def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, dtype=np.float32, seed=0,
-            trace_every=1, parallel=None) -> Trainer:
+            trace_every=1, parallel=None, normalize=None) -> Trainer:
     """Trace ``net`` with ``loss`` at ``input_shape`` (batch first), plan memory, and return a Trainer.
 
     ``memory`` is a :class:`MemoryConfig`, a budget (bytes, ``"512MiB"``, a
@@ -250,10 +279,14 @@ def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, d
     With ``parallel`` (a :class:`minidnn.distributed.DataParallel`), this process is one rank of
     data-parallel training: ``input_shape``'s batch is the global mini-batch, and ``step`` takes
     this rank's slice of it (``DataLoader(shard=parallel.shard_of)``).
+    ``normalize=(mean, std)`` (per channel, or one value for all) normalizes every input of
+    ``step`` and ``predict`` as ``(x - mean) / std``; ``trainer.normalization`` holds it and
+    :func:`minidnn.save` keeps it, so a network loaded with :func:`minidnn.load` is fed as
+    it was trained.
 
     Several trainers may be compiled on one network: each trains the network's current
     weights (a trainer copies them in where another trainer, or an assignment to
     ``p.data``, replaced its arrays) and keeps its own optimizer state and step count,
     as two PyTorch optimizers over one model do.
     """
-    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel)
+    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel, normalize)

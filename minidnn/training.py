@@ -1,9 +1,13 @@
-"""The training loop behind ``minidnn train``: epochs, evaluation, logs, checkpoints, resume.
+"""The training workflow behind ``minidnn train`` and ``minidnn.fit/evaluate/save/load``: epochs,
+evaluation, logs, checkpoints, resume.
 
 A checkpoint holds everything a run depends on - weights and BN statistics,
-optimizer state, the trainer's random stream, the epoch, the batch within it
-and the losses of that epoch so far - so a resumed run repeats the
-uninterrupted one's losses and final parameters exactly.
+the inputs' normalization, optimizer state, the trainer's random stream, the
+epoch, the batch within it and the losses of that epoch so far - so a resumed
+run repeats the uninterrupted one's losses and final parameters exactly. The
+model's state is stored under its own keys (what ``net.load_state_dict``
+takes), the optimizer's beside it in the same file as ``optim.<parameter>.<state>``;
+checkpoints of format 1 (the model's keys under ``model.``) still load.
 
 Ctrl-C is deferred to the end of the running step (a checkpoint never holds a
 half-applied update); a second Ctrl-C stops at once and keeps the previous
@@ -23,7 +27,11 @@ import numpy as np
 from tqdm import tqdm
 
 from .checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
-from .errors import CheckpointError
+from .data import DataLoader, Normalization
+from .errors import CheckpointError, ConfigError, MinidnnError
+
+FORMAT = 2              # 1: the model's state under "model.<key>"; 2: under its own keys
+_OPTIM = "optim."       # optimizer state: "optim.<parameter>.<state name>"
 
 
 def build_model(name, **kwargs):
@@ -40,7 +48,14 @@ def build_model(name, **kwargs):
 
 
 def evaluate(trainer, loader):
-    """Top-1 accuracy of ``trainer``'s network (eval mode) over ``loader``."""
+    """Top-1 accuracy of ``trainer``'s network (eval mode) over ``loader``'s (x, y) batches.
+
+    The trainer applies its own input normalization (``compile(normalize=...)``, or the one
+    :func:`load` restored); a :class:`~minidnn.data.DataLoader` that normalizes too is refused."""
+    if isinstance(loader, DataLoader) and loader.normalization is not None and trainer.normalization is not None:
+        raise ConfigError("evaluate: the trainer normalizes its inputs (compile(normalize=...) or a loaded "
+                          "checkpoint) and the DataLoader does too (mean=, std=): they would be normalized "
+                          "twice; give the DataLoader no mean and std")
     correct = total = 0
     for x, y in loader:
         logits = trainer.predict(x)
@@ -54,23 +69,42 @@ def _host(a):
     return np.require(a.get() if hasattr(a, "get") else a, requirements="C")
 
 
+def _optimizer_states(trainer):
+    """``optim.<param>.<state>`` -> (parameter, state name), for every state tensor the optimizer keeps."""
+    if trainer.optimizer is None:
+        return {}
+    return {f"{_OPTIM}{pname}.{n}": (p, n) for pname, p in trainer.net.named_parameters() if p.grad is not None
+            for n in trainer.optimizer.state_names}
+
+
 def checkpoint_tensors(trainer):
-    """Model state (``model.*``) and optimizer state (``optim.<param>.<state>``) as host arrays."""
-    tensors = {f"model.{k}": _host(v) for k, v in trainer.net.state_dict().items()}
-    for pname, p in trainer.net.named_parameters():
-        if p.grad is None:
-            continue
-        for n in trainer.optimizer.state_names:
-            tensors[f"optim.{pname}.{n}"] = _host(trainer.store.optimizer_state(p, n))
+    """The model's state_dict under its own keys and the optimizer's state (``optim.<param>.<state>``),
+    as host arrays."""
+    tensors = {k: _host(v) for k, v in trainer.net.state_dict().items()}
+    clash = next((k for k in tensors if k.startswith(_OPTIM)), None)
+    if clash is not None:
+        raise CheckpointError(f"cannot save {clash!r}: a checkpoint keeps optimizer state under {_OPTIM!r}, "
+                              "so a top-level module may not be named 'optim'")
+    for key, (p, n) in _optimizer_states(trainer).items():
+        tensors[key] = _host(trainer.store.optimizer_state(p, n))
     return tensors
 
 
-def save(path, trainer, schedule, model_name, epoch, batch, extra=None):
-    """Write a checkpoint at (``epoch``, ``batch``): the next step to run is that batch of that epoch."""
-    meta = {"format": 1, "model": model_name, "epoch": epoch, "batch": batch, "steps_done": trainer.steps_done,
-            "rng": rng_state(trainer.rng), "optimizer_type": type(trainer.optimizer).__name__,
-            "optimizer": trainer.optimizer.state_dict(),
+def save(path, trainer, schedule=None, model_name="model", epoch=0, batch=0, extra=None):
+    """Write ``trainer`` to the checkpoint ``path`` (one safetensors file, replaced atomically).
+
+    It keeps the model's state_dict under its own keys, the input normalization, the
+    optimizer's state and hyperparameters, the step count and random stream, and
+    ``schedule``'s state, so :func:`load` resumes exactly. ``epoch`` and ``batch`` say
+    where :func:`fit` resumes (that batch of that epoch); ``extra`` (JSON-able) is stored too.
+    """
+    opt = trainer.optimizer
+    meta = {"format": FORMAT, "model": model_name, "epoch": epoch, "batch": batch, "steps_done": trainer.steps_done,
+            "rng": rng_state(trainer.rng), "optimizer": opt.state_dict() if opt is not None else {},
+            "normalization": trainer.normalization.to_dict() if trainer.normalization is not None else None,
             "schedule": schedule.state_dict() if schedule is not None else None, **(extra or {})}
+    if opt is not None:
+        meta["optimizer_type"] = type(opt).__name__
     save_checkpoint(path, checkpoint_tensors(trainer), meta)
 
 
@@ -83,8 +117,8 @@ class Checkpoint(NamedTuple):
 
 
 _REQUIRED = {"model": str, "epoch": int, "batch": int, "steps_done": int, "rng": dict, "optimizer": dict}
-_OPTIONAL = {"optimizer_type": str, "schedule": (dict, type(None)), "config": dict, "normalization": dict,
-             "epoch_losses": list}
+_OPTIONAL = {"format": int, "optimizer_type": str, "schedule": (dict, type(None)), "config": dict,
+             "normalization": (dict, type(None)), "epoch_losses": list}
 
 
 def _is_number(v):
@@ -96,11 +130,16 @@ def _check_meta(path, meta):
     for key in _REQUIRED:
         if key not in meta:
             raise CheckpointError(f"{path}: not a minidnn training checkpoint (no {key!r} in its metadata)")
+    version = meta.get("format", 1)
+    if type(version) is int and version > FORMAT:
+        raise CheckpointError(f"{path}: written by a newer minidnn (checkpoint format {version}; this one reads "
+                              f"formats 1 to {FORMAT}): upgrade minidnn")
     numbers = {"epoch_losses": lambda v: all(_is_number(x) for x in v),
                "optimizer": lambda v: all(isinstance(x, (int, float)) for x in v.values()),
                "schedule": lambda v: v is None or all(_is_number(x) for x in v.values()),
-               "normalization": lambda v: all(isinstance(v.get(k), list) and all(_is_number(x) for x in v[k])
-                                              for k in ("mean", "std")),
+               "normalization": lambda v: v is None or all(isinstance(v.get(k), list) and
+                                                           all(_is_number(x) for x in v[k]) for k in ("mean", "std")),
+               "format": lambda v: v >= 1,
                "config": lambda v: all(isinstance(x, (str, int, float, bool, type(None))) for x in v.values())}
     for key, kind in {**_REQUIRED, **_OPTIONAL}.items():
         if key not in meta:
@@ -124,33 +163,60 @@ def read_checkpoint(path, model_name=None) -> Checkpoint:
     return Checkpoint(path, tensors, meta)
 
 
-def load_weights(tensors, net, path="checkpoint"):
-    """Copy a checkpoint's model state (its ``model.*`` tensors) into ``net``; CheckpointError if it does not fit."""
-    sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+def model_state(ckpt):
+    """A :class:`Checkpoint`'s model state_dict under the model's own keys (format 1 kept them under
+    ``model.``), which ``net.load_state_dict`` takes."""
+    if ckpt.meta.get("format", 1) == 1:
+        return {k[len("model."):]: v for k, v in ckpt.tensors.items() if k.startswith("model.")}
+    return {k: v for k, v in ckpt.tensors.items() if not k.startswith(_OPTIM)}
+
+
+def load_weights(ckpt, net):
+    """Copy a :class:`Checkpoint`'s model state into ``net``; CheckpointError if it does not fit."""
     try:
-        net.load_state_dict(sd)
+        net.load_state_dict(model_state(ckpt))
     except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}: does not fit the model: {' '.join(str(e).split())}") from None
+        raise CheckpointError(f"{ckpt.path}: does not fit the model: {' '.join(str(e).split())}") from None
 
 
-def restore(source, trainer, schedule, model_name, reset_optimizer=False):
-    """Load a checkpoint (a path or a :class:`Checkpoint`) into ``trainer``.
+def _normalization(ckpt, trainer):
+    """The checkpoint's input normalization, checked against ``trainer``'s inputs; the trainer's own
+    where a format-1 checkpoint does not say (the CLI's kept one; ``fit``'s did not)."""
+    if "normalization" not in ckpt.meta:
+        return trainer.normalization
+    shape = trainer.input_shape
+    try:
+        return Normalization.of(ckpt.meta["normalization"], shape[1] if len(shape) > 1 else None,
+                                "its normalization")
+    except MinidnnError as e:
+        raise CheckpointError(f"{ckpt.path}: {e}") from None
+
+
+def restore(source, trainer, schedule=None, model_name=None, reset_optimizer=False):
+    """Load a checkpoint (a path or a :class:`Checkpoint`) into ``trainer``; with ``model_name``, it
+    must be that model's.
 
     Every optimizer state tensor the trainer keeps must be in the checkpoint
     (else momentum would silently restart): CheckpointError names the missing
     ones, unless ``reset_optimizer`` asks to start the optimizer's state afresh
-    (zeros, and the step count its bias corrections use restarts too).
+    (zeros, and the step count its bias corrections use restarts too). A trainer
+    without an optimizer (one compiled to evaluate) takes the weights, BatchNorm
+    statistics and normalization only.
     Returns its metadata (epoch, batch, steps_done, ...).
     """
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, model_name)
     path, tensors, meta = ckpt
-    if meta["model"] != model_name:
+    if model_name is not None and meta["model"] != model_name:
         raise CheckpointError(f"{path}: checkpoint is for model {meta['model']!r}, not {model_name!r}")
+    normalization = _normalization(ckpt, trainer)
+    if trainer.optimizer is None:
+        load_weights(ckpt, trainer.net)
+        trainer.normalization = normalization
+        return meta
     kind = type(trainer.optimizer).__name__
     if meta.get("optimizer_type", kind) != kind:
         raise CheckpointError(f"{path}: checkpoint was trained with {meta['optimizer_type']}, not {kind}")
-    states = {f"optim.{pname}.{n}": (p, n) for pname, p in trainer.net.named_parameters() if p.grad is not None
-              for n in trainer.optimizer.state_names}
+    states = _optimizer_states(trainer)
     missing = [key for key in states if key not in tensors]
     if missing and not reset_optimizer:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
@@ -159,7 +225,7 @@ def restore(source, trainer, schedule, model_name, reset_optimizer=False):
     for key, (p, n) in states.items():
         if not reset_optimizer and tensors[key].shape != tuple(p.shape):
             raise CheckpointError(f"{path}: {key} has shape {tensors[key].shape}, the model's is {tuple(p.shape)}")
-    load_weights(tensors, trainer.net, path)
+    load_weights(ckpt, trainer.net)
     names = trainer.optimizer.state_names
     try:
         trainer.optimizer.load_state_dict(meta["optimizer"])
@@ -177,9 +243,27 @@ def restore(source, trainer, schedule, model_name, reset_optimizer=False):
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
     trainer.steps_done = meta["steps_done"]
+    trainer.normalization = normalization
     if reset_optimizer:
         trainer.optimizer.state_start = trainer.steps_done
     return meta
+
+
+def load(path, trainer=None, schedule=None, reset_optimizer=False):
+    """Read a checkpoint written by :func:`save`, :func:`fit` or ``minidnn train``.
+
+    Without ``trainer``: the model's state_dict (name -> array), which ``net.load_state_dict``
+    takes. With one (compiled on the same network): its weights and BatchNorm statistics
+    and the input normalization that ``step``, ``predict`` and :func:`evaluate` then apply;
+    if it has an optimizer, also the optimizer's state and hyperparameters, the step
+    count, the random stream and ``schedule``'s state, so its next ``step`` is the one the
+    saved trainer would have taken (``reset_optimizer``: :func:`restore`'s). Returns ``trainer``.
+    """
+    ckpt = read_checkpoint(path)
+    if trainer is None:
+        return model_state(ckpt)
+    restore(ckpt, trainer, schedule, reset_optimizer=reset_optimizer)
+    return trainer
 
 
 class _Interrupts:
@@ -230,10 +314,15 @@ def _truncate_jsonl(path, key, limit):
             f.writelines(keep)
 
 
-def fit(trainer, train_loader, test_loader, epochs, schedule=None, out_dir=None, model_name="model",
+def fit(trainer, train_loader, test_loader=None, epochs=1, schedule=None, out_dir=None, model_name=None,
         resume=None, progress=True, log=print, on_step=None, metrics_path=None, run_info=None,
         reset_optimizer=False):
-    """Train for ``epochs``; each epoch ends with a test accuracy, a metrics line and a checkpoint.
+    """Train for ``epochs`` over ``train_loader`` (a :class:`~minidnn.data.DataLoader`); each epoch
+    ends with a test accuracy (with ``test_loader``), a metrics line and a checkpoint.
+
+    The inputs' normalization is the trainer's (``compile(normalize=(mean, std))``), so
+    checkpoints keep it: loaders that normalize (``mean=``, ``std=``) are refused.
+    ``schedule`` (an lr schedule) steps once per epoch.
 
     With ``out_dir``: ``checkpoint.safetensors`` (every epoch and on Ctrl-C),
     ``steps.jsonl`` (one line per step: epoch, batch, step, loss, lr) and, unless
@@ -241,11 +330,18 @@ def fit(trainer, train_loader, test_loader, epochs, schedule=None, out_dir=None,
     ``resume`` is a checkpoint path or a :class:`Checkpoint`; the
     consumed batches of its epoch are drawn again and skipped, so the loader's
     shuffle and augmentation stay in step; ``reset_optimizer`` is :func:`restore`'s.
+    ``model_name`` is stored in the checkpoints (default "model") and, given, a resumed
+    checkpoint must be that model's.
     ``run_info`` (a JSON-able dict) is stored in every checkpoint. Ctrl-C saves a
     checkpoint at the batch reached and re-raises KeyboardInterrupt. Returns the
     list of per-epoch metrics.
     """
-    loop = _Loop(trainer, schedule, model_name, out_dir, metrics_path, run_info, progress, log, on_step)
+    for loader in (train_loader, test_loader):
+        if isinstance(loader, DataLoader) and loader.normalization is not None:
+            raise ConfigError("fit: a DataLoader normalizes its batches (mean=, std=), outside the model, so "
+                              "checkpoints would not keep it: give the trainer the normalization "
+                              "(compile(..., normalize=(mean, std))) and the loaders none")
+    loop = _Loop(trainer, schedule, model_name or "model", out_dir, metrics_path, run_info, progress, log, on_step)
     start_epoch, skip, carried = 0, 0, []
     if resume is not None:
         meta = restore(resume, trainer, schedule, model_name, reset_optimizer)
