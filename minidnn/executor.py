@@ -140,7 +140,8 @@ class _Tracing:
         self.rec.end(device=self.executor.backend.name, budget=plan.budget, persistent=persistent,
                      planned=[(i, plan.persistent_bytes + c) for i, c in enumerate(plan.live_curve)],
                      plan_peak=plan.peak_bytes, measured_peak=store.nbytes + high,
-                     host_bytes=plan.host_bytes, iteration=t)
+                     host_bytes=plan.host_bytes, iteration=t, predicted_seconds=plan.predicted_seconds,
+                     unlimited_seconds=plan.unlimited_seconds)
 
 
 class Executor:

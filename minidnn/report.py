@@ -13,7 +13,7 @@ from .errors import MinidnnError
 from .memory import MemoryConfig, format_bytes, get_profile, plan_memory
 from .memory.bound import step_time_floor
 from .memory.costmodel import CachedCost, ProfileCost
-from .memory.subbatch import plan_step
+from .memory.subbatch import plan_step, runs
 from .training import build_model
 
 
@@ -150,10 +150,24 @@ def step_floor(plan, profile):
     return step_time_floor(plan.schedule, plan.budget, CachedCost(ProfileCost(get_profile(profile))))
 
 
+_STEP_FIGURES = ("compute_seconds", "recompute_seconds", "copy_seconds", "stall_seconds", "offload_bytes",
+                 "prefetch_bytes")
+
+
+def step_figures(plan) -> dict:
+    """The whole step's predicted figures (``_STEP_FIGURES``): a split step's runs (every sub-batch, then
+    the update) added up, as its ``predicted_seconds`` adds their times."""
+    return {name: sum(getattr(p.simulation, name) for _, p in runs(plan)) for name in _STEP_FIGURES}
+
+
 def plan_dict(plan, name, shape, profile, policy="auto"):
-    """Everything ``minidnn plan --json`` prints: byte figures, decisions and the prediction."""
-    sim, base = plan.simulation, plan.baseline or plan.simulation
+    """Everything ``minidnn plan --json`` prints: byte figures, decisions and the prediction (the whole
+    step's: a split step's sub-batches and update together)."""
+    base = plan.baseline or plan.simulation
     over = plan.predicted_overhead
+    figures = step_figures(plan)
+    # a split step stands for the unsplit one: its unlimited time is that step's, never one run's
+    unlimited = plan.unlimited_seconds if plan.k > 1 else plan.unlimited_seconds or base.seconds
     floor = step_floor(plan, profile)
     return {
         "model": name, "input_shape": list(shape), "profile": get_profile(profile).name, "policy": policy,
@@ -162,8 +176,9 @@ def plan_dict(plan, name, shape, profile, policy="auto"):
         "ideal_bytes": plan.ideal_bytes, "liveness_peak_bytes": plan.liveness_peak_bytes,
         "lower_bound_bytes": plan.lower_bound_bytes, "peak_bytes": plan.peak_bytes,
         "fragmentation_bytes": plan.fragmentation_bytes, "host_bytes": plan.host_bytes, "placement": plan.placement,
-        "steps": len(plan.steps),
-        # k > 1: step_seconds is the split step's; the other figures are its plan's (memory.subbatch)
+        "steps": sum(len(p.steps) for _, p in runs(plan)),
+        # k > 1: the prediction is the whole split step's; the byte figures and decisions are its plan's
+        # (one sub-batch's, or the staged iteration's: memory.subbatch)
         "sub_batches": plan.k, "sub_batch": plan.sub_batch,
         "decisions": [{"tensor": t, "bytes": int(b), "decision": k} for t, b, k in plan.layer_table()],
         "algorithm_changes": [{"step": step, "fastest": fast, "chosen": chosen}
@@ -171,11 +186,9 @@ def plan_dict(plan, name, shape, profile, policy="auto"):
         "prediction": {
             # a split step's overhead and unlimited time are the unsplit step's (the step it stands for)
             "step_seconds": float(plan.predicted_seconds),
-            "unlimited_memory_seconds": float(plan.unlimited_seconds or base.seconds),
+            "unlimited_memory_seconds": float(unlimited) if unlimited is not None else None,
             "overhead": float(over) if over is not None else 0.0,
-            "compute_seconds": float(sim.compute_seconds), "recompute_seconds": float(sim.recompute_seconds),
-            "copy_seconds": float(sim.copy_seconds), "stall_seconds": float(sim.stall_seconds),
-            "offload_bytes": int(sim.offload_bytes), "prefetch_bytes": int(sim.prefetch_bytes),
+            **{k: float(v) if k.endswith("seconds") else int(v) for k, v in figures.items()},
             # no whole-step plan within the budget is predicted faster (None: not computed, see step_floor)
             "floor_seconds": float(floor.seconds) if floor is not None else None},
     }

@@ -11,7 +11,7 @@ One file serves both readers: ``Trace.save`` writes a Chrome Trace Event JSON
 (``"format": "minidnn-trace"``, ``"version"``, ``"minidnn"`` and, from version 2,
 ``"sha256"``, the digest of that copy), which ``load`` reads back and verifies.
 Other exports: a PyTorch memory snapshot (the pickle pytorch.org/memory_viz
-opens) and a CSV of the memory curve. ``summary``, ``diff``, ``plot``,
+opens) and a CSV of the memory curve. ``summary``, ``diff``, ``plot``, ``figure``,
 ``problems`` and ``from_plan`` (in :mod:`minidnn.trace_plot`, reachable from
 here) read, check and predict traces.
 """
@@ -81,6 +81,9 @@ class Trace:
     time (parameters, gradients, optimizer and BN state). ``planned``: (program
     step, device bytes live at that step by the plan, persistent included).
     ``measured_peak``: persistent + the executor's own arena high-water mark.
+    A step that runs as several plans (k sub-batches, then the update) is one
+    trace whose program steps follow each other (:class:`SplitRecording`);
+    ``parts`` names each plan's run and its steps.
     """
 
     device: str = "cpu"
@@ -94,6 +97,9 @@ class Trace:
     host_bytes: int = 0
     iteration: int = 0
     meta: dict = field(default_factory=dict)     # free-form: model, batch, policy, backend clock...
+    predicted_seconds: float | None = None       # the plan's prediction of the whole step (None: not known)
+    unlimited_seconds: float | None = None       # the whole step, unsplit, with unlimited memory (None: not known)
+    parts: list = field(default_factory=list)    # a step run as several plans: (name, first step, last step)
 
     @property
     def persistent_bytes(self) -> int:
@@ -115,6 +121,7 @@ class Trace:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["persistent"] = [list(p) for p in self.persistent]
         d["planned"] = [list(p) for p in self.planned]
+        d["parts"] = [list(p) for p in self.parts]
         d["spans"] = [list(astuple(s)) for s in self.spans]
         d["mem_events"] = [list(astuple(e)) for e in self.mem_events]
         d["columns"] = {"spans": [f.name for f in fields(Span)], "mem_events": [f.name for f in fields(MemEvent)]}
@@ -131,6 +138,8 @@ class Trace:
             kw["persistent"] = [(str(n), str(c), int(b)) for n, c, b in d.get("persistent", [])]
             item = "planned"
             kw["planned"] = [(int(i), int(b)) for i, b in d.get("planned", [])]
+            item = "parts"
+            kw["parts"] = [(str(n), int(a), int(b)) for n, a, b in d.get("parts", [])]
             for item, typ in (("spans", Span), ("mem_events", MemEvent)):
                 conv = [_CONVERT[f.type] for f in fields(typ)]
                 kw[item] = [typ(*(c(v) for c, v in zip(conv, row))) if len(row) <= len(conv) else typ(*row)
@@ -253,6 +262,78 @@ class Recorder:
         return self.trace
 
 
+class SplitRecording:
+    """One step that runs as several plans (k sub-batches, then the update), recorded as one iteration.
+
+    ``part`` gives the recorder to hand the executor for each run in turn; the
+    runs' program steps follow each other in the trace (a part's step i is the
+    trace's ``first + i``), and ``end`` closes the iteration with the runs'
+    figures merged: persistent tensors by name, the planned curves end to end,
+    the highest measured peak, and the step's own plan peak and predictions.
+    Nothing is recorded when ``recorder`` is None or does not sample ``iteration``.
+    """
+
+    def __init__(self, recorder, iteration):
+        self.recorder, self.iteration = recorder, iteration
+        self.active = recorder is not None and recorder.begin(iteration)
+        self.parts, self.closed, self.first = [], [], 0
+        self.unstepped = set()           # spans of no program step recorded so far (see _Part.span)
+
+    def part(self, name, steps):
+        """The recorder of the next run, of ``steps`` program steps (None when nothing is recorded)."""
+        if not self.active:
+            return None
+        part = _Part(self, self.first)
+        self.parts.append((name, self.first, self.first + steps - 1))
+        self.first += steps
+        return part
+
+    def end(self, plan_peak, budget, predicted_seconds=None, unlimited_seconds=None) -> None:
+        """Close the iteration; ``plan_peak``, ``budget`` and the predicted seconds are the whole step's."""
+        if not self.active:
+            return
+        persistent, planned = {}, []
+        for first, run in self.closed:
+            for name, category, nbytes in run["persistent"]:
+                persistent.setdefault(name, (name, category, nbytes))
+            planned += [(first + i, n) for i, n in run["planned"]]
+        self.recorder.end(device=self.closed[0][1]["device"], budget=budget, persistent=list(persistent.values()),
+                          planned=planned, plan_peak=plan_peak,
+                          measured_peak=max(f["measured_peak"] for _, f in self.closed),
+                          host_bytes=max(f["host_bytes"] for _, f in self.closed), iteration=self.iteration,
+                          predicted_seconds=predicted_seconds, unlimited_seconds=unlimited_seconds,
+                          parts=list(self.parts))
+
+
+class _Part:
+    """The recorder the executor gets for one run of a :class:`SplitRecording`: its steps shifted by
+    ``first``, its closing figures kept for the whole step's."""
+
+    def __init__(self, whole, first):
+        self.whole, self.first = whole, first
+        self.clock = whole.recorder.clock
+
+    def begin(self, iteration) -> bool:
+        return True                      # the whole step's iteration is begun, and sampled
+
+    def span(self, stream, name, kind, step, start, end, nbytes=0):
+        if step < 0:
+            # spans of no program step (a data-parallel step's collectives) are recorded by every run
+            # that waits for them: the same span, the same times, recorded once
+            key = (stream, name, kind, start, end, nbytes)
+            if key in self.whole.unstepped:
+                return
+            self.whole.unstepped.add(key)
+        self.whole.recorder.span(stream, name, kind, step + self.first if step >= 0 else step, start, end, nbytes)
+
+    def mem(self, time, action, tensor, category, nbytes, offset, step=-1):
+        self.whole.recorder.mem(time, action, tensor, category, nbytes, offset,
+                                step + self.first if step >= 0 else step)
+
+    def end(self, **fields) -> None:
+        self.whole.closed.append((self.first, fields))
+
+
 # -- replaying the memory events ---------------------------------------------------------------
 
 def memory_curve(trace):
@@ -353,7 +434,9 @@ def to_chrome(trace) -> dict:
         for t in (0.0, trace.duration):
             ev.append({"name": "budget", "ph": "C", "ts": _us(t), "pid": _PID, "args": {"bytes": trace.budget}})
     other = {"device": trace.device, "iteration": trace.iteration, "budget": trace.budget,
-             "plan_peak": trace.plan_peak, "measured_peak": trace.measured_peak}
+             "plan_peak": trace.plan_peak, "measured_peak": trace.measured_peak,
+             "predicted_seconds": trace.predicted_seconds, "unlimited_seconds": trace.unlimited_seconds,
+             "runs": [{"name": n, "steps": [a, b]} for n, a, b in trace.parts]}
     return {"displayTimeUnit": "ms", "traceEvents": ev, "otherData": other}
 
 
@@ -379,11 +462,14 @@ def _segment(device, address, size, live):
 
 
 def to_memory_snapshot(trace) -> dict:
-    """The memory history as ``torch.cuda.memory._snapshot()`` lays it out (device 0; the host store is device 1).
+    """The memory history as ``torch.cuda.memory._snapshot()`` lays it out: the device is device 0, its only one.
 
     Each buffer's frame reads ``category:step:tensor`` and its event carries the
     category, so memory_viz colours by category. Persistent tensors are
     allocated at time 0 in their own segment; the arena is a second segment.
+    The host store is host memory, not a device: its copies are under the key
+    ``"host_store"`` (its size, its trace of the same form, and the blocks live
+    at the end), which memory_viz does not read.
     """
     def frames(e_name, cat, step):
         return [{"filename": cat, "line": max(int(step), 0), "name": e_name}]
@@ -427,9 +513,9 @@ def to_memory_snapshot(trace) -> dict:
     if top[0]:
         segments.append(_segment(0, arena_base, top[0],
                                  {(o - arena_off, n): v for (o, n), v in live[0].items() if o >= arena_off}))
-    if top[1]:
-        segments.append(_segment(1, _HOST_BASE, top[1], live[1]))
-    return {"segments": segments, "device_traces": traces, "allocator_settings": {}}
+    host = _segment(None, _HOST_BASE, top[1], live[1])
+    host_store = {"total_size": top[1], "address": _HOST_BASE, "blocks": host["blocks"], "trace": traces[1]}
+    return {"segments": segments, "device_traces": traces[:1], "allocator_settings": {}, "host_store": host_store}
 
 
 def to_csv(trace, path) -> None:
@@ -448,8 +534,8 @@ def to_csv(trace, path) -> None:
 
 
 def __getattr__(name):
-    # summary, diff, plot, stats, problems and from_plan live in minidnn.trace_plot, loaded on first use
-    if name in ("summary", "diff", "plot", "stats", "problems", "from_plan"):
+    # summary, diff, plot, figure, stats, problems and from_plan live in minidnn.trace_plot, loaded on first use
+    if name in ("summary", "diff", "plot", "figure", "stats", "problems", "from_plan"):
         from . import trace_plot
         return getattr(trace_plot, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -142,9 +142,13 @@ class Plan:
             out.setdefault(self.schedule.tensors[t].name, ev.kind)
         return out
 
-    def summary(self, top=10) -> str:
+    def summary(self, top=10, run=None) -> str:
+        """What the plan decided and predicts. ``run``: what this plan is of a split step (``"one
+        sub-batch of 8"``), whose summary states the step's time; its own time is then that run's,
+        compared with the same run with unlimited memory, not presented as the step's."""
         f = format_bytes
-        lines = [f"plan ({self.policy}): {len(self.steps)} steps, {len(self.offsets)} arena buffers",
+        lines = [f"plan ({self.policy}){f' of {run}' if run else ''}: {len(self.steps)} steps, "
+                 f"{len(self.offsets)} arena buffers",
                  f"  ideal (no reuse)   {f(self.ideal_bytes):>12}  ({self.ideal_bytes} B)",
                  f"  liveness peak      {f(self.liveness_peak_bytes):>12}  ({self.liveness_peak_bytes} B)"]
         if self.lower_bound_bytes is not None:
@@ -168,8 +172,9 @@ class Plan:
         sim = self.simulation
         if sim is not None:
             over = self.predicted_overhead
-            lines.append(f"  predicted step     {sim.seconds * 1e3:10.2f} ms" +
-                         (f"  ({over * 100:+.1f}% vs unlimited memory)" if over is not None else "") +
+            lines.append(f"  predicted {'run ' if run else 'step'}     {sim.seconds * 1e3:10.2f} ms" +
+                         (f"  ({over * 100:+.1f}% vs {'the same run with ' if run else ''}unlimited memory)"
+                          if over is not None else "") +
                          f"; stalls {sim.stall_seconds * 1e3:.2f} ms, recompute {sim.recompute_seconds * 1e3:.2f} ms")
         kept = [t for t in self.log if t.kept]
         if kept:

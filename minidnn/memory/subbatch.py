@@ -40,6 +40,7 @@ from ..errors import MemoryBudgetError, ShapeError
 from ..graph import Spec
 from ..ops.norm import BatchNorm2dOp
 from ..schedule import PARAM_GRAD
+from ..trace import SplitRecording
 from .config import format_bytes
 from .costmodel import ProfileCost
 from .planner import algorithm_options, lower_bound, minimum_bytes, plan_memory, smallest, unlimited_seconds
@@ -130,7 +131,8 @@ class _Split:
 
     def _against_unsplit(self) -> str:
         over = self.predicted_overhead
-        return f" ({over * 100:+.1f}% vs the unsplit step with unlimited memory)" if over is not None else ""
+        return (f" ({over * 100:+.1f}% vs {self.unsplit_seconds * 1e3:.2f} ms, the unsplit step with unlimited "
+                f"memory)" if over is not None else " (the unsplit step's time with unlimited memory is not known)")
 
 
 @dataclass
@@ -176,28 +178,36 @@ class SubBatchPlan(_Split):
         return getattr(self.sub, name)
 
     def run(self, executor, ctx, x, y, optimizer=None, t=0, recorder=None, txn=None) -> float:
-        """k sub-batches adding their gradients, then one update; the loss is their mean."""
+        """k sub-batches adding their gradients, then one update; the loss is their mean. A recorded
+        step is traced whole: every sub-batch, then the update, as one iteration."""
         for tensor in self.sub.schedule.tensors:
             if tensor.category == PARAM_GRAD:
                 executor.store.view(tensor)[...] = 0
         ctx.loss_scale /= self.k
         losses, high, b = [], 0, self.sub_batch
         grads = ctx.grads                           # data-parallel: reduced once, in the last sub-batch
-        for j in range(self.k):
+        rec, parts = SplitRecording(recorder, t), runs(self)
+        for j, (name, sub) in enumerate(parts[:-1]):
             ctx.grads = grads if j == self.k - 1 else None
-            losses.append(self.sub.run(executor, ctx, x[j * b:(j + 1) * b], y[j * b:(j + 1) * b], None, t,
-                                       recorder if j == 0 else None, txn))
+            losses.append(sub.run(executor, ctx, x[j * b:(j + 1) * b], y[j * b:(j + 1) * b], None, t,
+                                  rec.part(name, len(sub.steps)), txn))
             high = max(high, executor.high_water_bytes)
-        executor.run(self.update, ctx, [], optimizer, t, txn=txn)
+        name, update = parts[-1]
+        executor.run(update, ctx, [], optimizer, t, recorder=rec.part(name, len(update.steps)), txn=txn)
         executor.high_water_bytes = max(high, executor.high_water_bytes)
+        rec.end(self.peak_bytes, self.budget, self.predicted_seconds, self.unsplit_seconds)
         return float(np.mean(losses))
 
     def summary(self, top=10) -> str:
+        """The whole step (k sub-batches, then the update) against the unsplit step with unlimited
+        memory, then the plan of one sub-batch, whose figures are that run's."""
         bn = f" (BatchNorm statistics {self.bn})" if self.bn else ""
-        head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch}{bn}; "
-                f"predicted step {self.predicted_seconds * 1e3:.2f} ms{self._against_unsplit()}; peak {format_bytes(self.peak_bytes)} "
+        sub, upd = self.sub.simulation.seconds, self.update.simulation.seconds
+        head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch}{bn}, then the update; "
+                f"predicted step {self.predicted_seconds * 1e3:.2f} ms = {self.k} x {sub * 1e3:.2f} ms + update "
+                f"{upd * 1e3:.2f} ms{self._against_unsplit()}; peak {format_bytes(self.peak_bytes)} "
                 f"({self.peak_bytes} B) within budget {format_bytes(self.budget)}")
-        return head + "\n" + self.sub.summary(top)
+        return head + "\n" + self.sub.summary(top, run=f"one sub-batch of {self.sub_batch}")
 
 
 def plan_sub_batches(batch, schedules_for, config, cost=None, bn=None) -> SubBatchPlan:
@@ -270,15 +280,18 @@ class StagedPlan(_Split):
         """The iteration on every sub-batch's samples and labels (its inputs, sub-batch by sub-batch)."""
         b = self.sub_batch
         feeds = [a for j in range(self.k) for a in (x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])]
-        out = executor.run(self.plan, ctx, feeds, optimizer, t, recorder=recorder, txn=txn)
-        return float(out[self.plan.schedule.loss])
+        (name, plan), = runs(self)
+        rec = SplitRecording(recorder, t)        # the trace carries the whole step's predictions
+        out = executor.run(plan, ctx, feeds, optimizer, t, recorder=rec.part(name, len(plan.steps)), txn=txn)
+        rec.end(self.peak_bytes, self.budget, self.predicted_seconds, self.unsplit_seconds)
+        return float(out[plan.schedule.loss])
 
     def summary(self, top=10) -> str:
         head = (f"sub-batching: {self.k} sub-batches of {self.sub_batch}, run stage by stage between BatchNorms "
                 f"(BatchNorm statistics {self.bn}); predicted step {self.predicted_seconds * 1e3:.2f} ms"
                 f"{self._against_unsplit()}; peak "
                 f"{format_bytes(self.peak_bytes)} ({self.peak_bytes} B) within budget {format_bytes(self.budget)}")
-        return head + "\n" + self.plan.summary(top)
+        return head + "\n" + self.plan.summary(top, run=f"the staged iteration of {self.k} sub-batches")
 
 
 def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> StagedPlan:
@@ -337,14 +350,30 @@ class ChunkedPlan:
         return getattr(self.plan, name)
 
     def run(self, executor, ctx, x, y=None, optimizer=None, t=0, recorder=None, txn=None) -> np.ndarray:
-        b = self.sub_batch
-        return np.concatenate([self.plan.run(executor, ctx, x[j * b:(j + 1) * b], None, None, t,
-                                             recorder if j == 0 else None, txn) for j in range(self.k)])
+        """Every chunk in turn (a recorded pass is traced whole, every chunk)."""
+        b, rec = self.sub_batch, SplitRecording(recorder, t)
+        out = np.concatenate([plan.run(executor, ctx, x[j * b:(j + 1) * b], None, None, t,
+                                       rec.part(name, len(plan.steps)), txn)
+                              for j, (name, plan) in enumerate(runs(self))])
+        rec.end(self.peak_bytes, self.budget, self.predicted_seconds)
+        return out
 
     def summary(self, top=10) -> str:
         head = (f"eval in {self.k} chunks of {self.sub_batch}; peak {format_bytes(self.peak_bytes)} "
                 f"({self.peak_bytes} B) within budget {format_bytes(self.budget)}")
         return head + "\n" + self.plan.summary(top)
+
+
+def runs(plan) -> list:
+    """The executor runs ``plan``'s step is made of, in order, as (name, the whole Plan it runs): the parts
+    of its trace (a whole Plan is one run)."""
+    if isinstance(plan, SubBatchPlan):
+        return [(f"sub-batch {j + 1} of {plan.k}", plan.sub) for j in range(plan.k)] + [("update", plan.update)]
+    if isinstance(plan, StagedPlan):
+        return [(f"{plan.k} sub-batches of {plan.sub_batch} stage by stage, then the update", plan.plan)]
+    if isinstance(plan, ChunkedPlan):
+        return [(f"chunk {j + 1} of {plan.k}", plan.plan) for j in range(plan.k)]
+    return [("step", plan)]
 
 
 def plan_eval(batch, schedule_for, config, cost=None, held_bytes=0):
