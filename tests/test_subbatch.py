@@ -277,3 +277,40 @@ def test_exact_batch_norm_too_small_even_for_one_sample_names_the_minimum():
         mdn.compile(build(), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
                     memory=MemoryConfig(budget=4096, bn="exact"))
     assert e.value.minimum_bytes > 4096
+
+
+class _Features(nn.Module):
+    """Convolution, pooling, BatchNorm1d on (N, C), Linear: the convolution's activations set the
+    minimum, and BatchNorm1d refuses a sub-batch of one sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm1d(8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = nn.flatten(nn.functional.adaptive_avg_pool2d(nn.relu(self.conv(x))))
+        return self.fc(nn.relu(self.bn(y)))
+
+
+def test_a_split_that_a_layer_refuses_is_not_a_split():
+    """With exact BatchNorm statistics, a k whose sub-batch BatchNorm1d refuses (one sample) is left out,
+    not raised as a ShapeError: a budget that sub-batches of 2 meet is met, and one that only sub-batches
+    of 1 could meet names the minimum at the smallest sub-batch the network takes."""
+    shape = (4, 8, 32, 32)
+
+    def compile_at(budget, sub_batching=True):
+        return mdn.compile(_Features().init_parameters(seed=0), shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.1),
+                           memory=MemoryConfig(budget=budget, sub_batching=sub_batching))
+    with pytest.raises(mdn.MemoryBudgetError) as whole:
+        compile_at(1, sub_batching=False)
+    budget = whole.value.minimum_bytes * 4 // 5
+    with pytest.raises(mdn.MemoryBudgetError):
+        compile_at(budget, sub_batching=False)
+    trainer = compile_at(budget)
+    assert isinstance(trainer.plan, StagedPlan) and trainer.plan.sub_batch == 2
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert np.isfinite(trainer.step(x, np.arange(4) % 4))
+    assert trainer.measured_peak_bytes == trainer.plan.peak_bytes < whole.value.minimum_bytes
+    with pytest.raises(mdn.MemoryBudgetError, match="sub-batches of 2 samples") as e:
+        compile_at(1)
+    assert compile_at(e.value.minimum_bytes).plan.peak_bytes <= e.value.minimum_bytes

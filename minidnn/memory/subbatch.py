@@ -300,13 +300,19 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
     ``schedule_for(k)`` returns the stage-major schedule of the whole iteration
     as k sub-batches; ``sub_schedule_for(b)`` the schedule of one sub-batch of b,
     whose lower bound (the staged iteration's is at least as high) rules out a
-    k without planning it. Raises MemoryBudgetError with the minimum at
-    sub-batches of 1 sample when none fits.
+    k without planning it (a k whose sub-batch a layer refuses, as BatchNorm1d
+    refuses one sample, is not a split). Raises MemoryBudgetError with the
+    minimum at the smallest sub-batch when none fits.
     """
     budget = config.budget
-    best = None
+    best, smallest_split, refused = None, None, None
     for k in _divisors(batch):
-        sub = sub_schedule_for(batch // k)
+        try:            # a layer may refuse sub-batches of few samples (BatchNorm1d on (N, C) needs 2)
+            sub = sub_schedule_for(batch // k)
+        except ShapeError as e:
+            refused = refused or e
+            continue
+        smallest_split = k
         options = algorithm_options(sub, cost or ProfileCost(config.profile)) if config.algorithms == "auto" else {}
         bound = lower_bound(sub, smallest(options))
         if budget is not None and bound > budget:
@@ -318,11 +324,14 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
         if best is not None and plan.predicted_seconds >= best.predicted_seconds:
             break        # more sub-batches only add overhead, and the schedule (and its planning) grows with k
         best = plan
-    if best is None:     # the least the planner needs with sub-batches of 1 (one planning pass, no search)
-        least = minimum_bytes(schedule_for(batch), config, cost)
+    if best is None and smallest_split is None:
+        raise refused
+    if best is None:     # the least the planner needs at the smallest sub-batch (one planning pass, no search)
+        least = minimum_bytes(schedule_for(smallest_split), config, cost)
+        samples = batch // smallest_split
         raise MemoryBudgetError(f"budget {format_bytes(budget)} ({budget} B) is below the minimum feasible "
                                 f"{format_bytes(least)} ({least} B) with exact BatchNorm statistics, even with "
-                                f"sub-batches of 1 sample", least, budget)
+                                f"sub-batches of {samples} sample{'s' if samples > 1 else ''}", least, budget)
     return best
 
 
