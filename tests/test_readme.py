@@ -59,3 +59,29 @@ def test_relative_links_exist():
     links = [m.group(1).split("#")[0] for m in re.finditer(r"\]\(([^)]+)\)", text)]
     missing = [p for p in links if p and not re.match(r"[a-z]+://", p) and not os.path.exists(os.path.join(ROOT, p))]
     assert not missing, missing
+
+
+# The planner's figures the README quotes in its prose, each beside the command that prints it: the text
+# the README must contain, with {overhead} and {floor} the command's own figures (one decimal, as quoted).
+QUOTED = [
+    ("minidnn plan --model resnet50 --batch-size 256 --image-size 224 --budget 6GiB --profile v100-16gb",
+     "ResNet-50 at batch 256 in 6 GiB on the V100 profile is {overhead} (floor {floor})"),
+    ("minidnn plan --model resnet50 --batch-size 256 --image-size 224 --budget 25% --profile a100-40gb",
+     "ResNet-50 at batch 256 is {overhead} on the A100 profile"),
+    ("minidnn plan --model resnet50 --batch-size 256 --image-size 224 --budget 25% --profile a100-sxm4-80gb "
+     "--precision tf32", "and {overhead} at 25% (floor {floor})"),
+]
+
+
+@pytest.mark.parametrize("cmd,quoted", QUOTED, ids=["r50-6GiB-v100", "r50-25pct-a100", "r50-25pct-a100sxm-tf32"])
+def test_quoted_planner_figures_are_what_the_command_prints(cmd, quoted, tmp_path):
+    import json
+    text = " ".join(open(README, encoding="utf-8").read().split())
+    assert f"`{cmd}`" in text, "the README no longer quotes the command"
+    r = subprocess.run([sys.executable, "-m", "minidnn.cli", *shlex.split(cmd)[1:], "--json"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["prediction"]
+    floor = p["floor_seconds"] / p["unlimited_memory_seconds"] - 1
+    expected = quoted.format(overhead=f"{p['overhead'] * 100:+.1f}%", floor=f"{floor * 100:+.1f}%")
+    assert expected in text, f"README drifted: the command prints '{expected}'"
