@@ -173,6 +173,24 @@ def _train(args, parallel):
         return _run(args, parallel, resume, given, folder)
 
 
+# `train` options that do not change what is trained (rank 0 alone writes the run's files): data-parallel
+# ranks may differ in these, and must agree on every other. --data and --resume are paths, which may differ
+# between machines: the data's fingerprint and the checkpoint's position are compared instead.
+PER_RANK_OPTIONS = ("command", "fn", "out", "overwrite", "metrics", "no_progress", "trace_dir", "trace_step",
+                    "data", "resume")
+
+
+def _rank_settings(args, resume, train_set, test_set):
+    """What every data-parallel rank must have alike: each option that changes the training, and the data."""
+    from .data import fingerprint
+    settings = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in PER_RANK_OPTIONS}
+    settings["--resume checkpoint"] = (f"epoch {resume.meta['epoch']}, batch {resume.meta['batch']}"
+                                       if resume is not None else "none")
+    settings["training data"] = fingerprint(train_set)
+    settings["test data"] = fingerprint(test_set)
+    return settings
+
+
 def _run(args, parallel, resume, given, folder):
     """Train in ``folder`` (a claimed :class:`RunFolder`; None on the ranks that do not write)."""
     from . import MemoryConfig, compile, nn
@@ -180,6 +198,8 @@ def _run(args, parallel, resume, given, folder):
     from .training import fit
     train_set = load(args.data, "train", size=args.image_size)
     test_set = load(args.data, "test", size=args.image_size)
+    if parallel is not None:       # refused before anything is built: every rank must train the same thing
+        parallel.require_same(_rank_settings(args, resume, train_set, test_set))
     net = _build(args.model, train_set)
     opt = _optimizer(args)
     sched = _lr_schedule(args, opt)
@@ -255,22 +275,6 @@ def _run(args, parallel, resume, given, folder):
         written = ", ".join(os.path.basename(f) for f in folder.previous())
         print(f"run folder: {os.path.abspath(args.out)} ({written})")
     return 0
-
-
-def write_trace(trace, folder):
-    """Everything a trace exports, into ``folder``; returns the paths written."""
-    from .atomic_write import replacing
-    from .trace import plot, to_csv
-    os.makedirs(folder, exist_ok=True)
-    paths = {name: os.path.join(folder, name) for name in
-             ("trace.json", "memory.png", "memory_snapshot.pickle", "memory.csv")}
-    trace.save(paths["trace.json"])                       # each file whole or not at all (a full disk)
-    for name, write in (("memory.png", lambda p: plot(trace, p)),
-                        ("memory_snapshot.pickle", trace.save_memory_snapshot),
-                        ("memory.csv", lambda p: to_csv(trace, p))):
-        with replacing(paths[name]) as tmp:
-            write(tmp)
-    return list(paths.values())
 
 
 def cmd_trace(args):

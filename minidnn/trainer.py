@@ -156,7 +156,7 @@ class Trainer:
                              f" got {x.shape}")
         if x.dtype.kind not in "fiu":
             raise ShapeError(f"step: expected a numeric input, got dtype {x.dtype}")
-        if x.shape[0] == 0:
+        if x.shape[0] == 0 and self.parallel is None:   # a data-parallel rank's slice may be (see Replica)
             raise ShapeError(f"step: the batch is empty (input of shape {x.shape}); give at least one sample")
         return x
 
@@ -196,11 +196,14 @@ class Trainer:
 
     def _step(self, x, y, txn):
         x = self._normalized(self._check_input(x))
+        n_local = x.shape[0]
+        if self.parallel is not None:      # a rank without a sample of this batch runs a stand-in of no weight
+            x, y = self.parallel.stand_in(x, np.asarray(y))
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
         if self.parallel is not None:
-            self.parallel.begin(ctx, plan, x.shape[0])
+            self.parallel.begin(ctx, plan, n_local)
         loss = plan.run(self.executor, ctx, x, y, self.optimizer, self.steps_done + 1, self.recorder, txn)
         if self.parallel is not None:
             loss = self.parallel.end(ctx, loss)

@@ -19,6 +19,18 @@ def small_cnn():
                          nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
 
 
+def stop_inside_batchnorm(sync):
+    """This process stops (SIGSTOP) when its BatchNorm ``sync`` next gathers statistics: the other ranks
+    wait for it inside a synchronized BatchNorm collective."""
+    import signal
+    gather = sync.statistics
+
+    def stop_then_gather(*args):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return gather(*args)
+    sync.statistics = stop_then_gather
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=["cnn", "resnet20"], default="cnn")
@@ -34,6 +46,10 @@ def main(argv=None):
     p.add_argument("--last-batch", type=int, default=0, help="a last, smaller global batch after the steps")
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops (sleeps) before step 2")
+    p.add_argument("--stop-rank", type=int, default=-1,
+                   help="this rank stops itself (SIGSTOP) inside its first BatchNorm collective of step 2")
+    p.add_argument("--seed", type=int, default=0, help="compile's seed")
+    p.add_argument("--normalize", default=None, help="MEAN,STD: compile's input normalization")
     p.add_argument("--trace", default=None, help="each rank writes the last step's trace to TRACE/rankR.json")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -52,9 +68,10 @@ def main(argv=None):
     if budget is not None:
         budget = float(budget) if "." in budget else int(budget)
     memory = mdn.MemoryConfig(budget=budget, sub_batching=True, algorithms="default", policy=args.policy)
+    normalize = tuple(float(v) for v in args.normalize.split(",")) if args.normalize else None
     trainer = mdn.compile(net, (args.batch, *image), nn.CrossEntropyLoss(),
                           optim.SGD(lr=args.lr, momentum=0.9, weight_decay=5e-4), memory=memory,
-                          dtype=np.dtype(args.dtype), parallel=parallel)
+                          dtype=np.dtype(args.dtype), parallel=parallel, seed=args.seed, normalize=normalize)
     if args.sub_batches:
         assert getattr(trainer.plan, "k", 1) > 1, "the budget did not split the mini-batch"
     elif budget is not None:
@@ -74,6 +91,8 @@ def main(argv=None):
         if t == 1 and rank == args.hang_rank:
             import time
             time.sleep(3600)
+        if t == 1 and rank == args.stop_rank:
+            stop_inside_batchnorm(trainer.parallel.bn)
         try:
             losses.append(trainer.step(x[lo:hi], y[lo:hi]))
         except mdn.DistributedError as e:

@@ -59,6 +59,9 @@ CASES = {
     "cnn-sub-batches": ["--model", "cnn", "--dtype", "float64", "--budget", "0.8", "--sub-batches",
                         "--batch", "12"],
     "cnn-last-batch": ["--model", "cnn", "--dtype", "float64", "--last-batch", "5"],
+    # a last batch of one sample: the other ranks have none, and still take part with no weight (their
+    # synchronized BatchNorm counts nothing and gives their stand-in sample no gradient)
+    "resnet20-last-batch-1": ["--model", "resnet20", "--dtype", "float64", "--last-batch", "1"],
     "resnet20-f64": ["--model", "resnet20", "--dtype", "float64"],
     "resnet20-f32": ["--model", "resnet20", "--dtype", "float32", "--lr", "0.01"],
     "resnet20-budget": ["--model", "resnet20", "--dtype", "float64", "--budget", "0.8"],
@@ -101,6 +104,18 @@ def test_a_configuration_that_differs_is_refused_naming_it(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
     assert r.returncode != 0
     assert "rank 1's global batch differs from rank 0's: [8, 3, 8, 8] != [6, 3, 8, 8]" in r.stderr
+
+
+def test_a_compile_seed_or_normalization_that_differs_is_refused_naming_it(tmp_path):
+    """compile's seed (dropout's and the step's random stream) and the input normalization change what
+    is trained: refused at compile time, naming them and the rank."""
+    out = str(tmp_path / "x.npz")
+    cmd = [MPIEXEC, "-n", "1", sys.executable, WORKER, "--out", out, ":",
+           "-n", "1", sys.executable, WORKER, "--out", out, "--seed", "1", "--normalize", "0.5,2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+    assert r.returncode != 0
+    assert "rank 1's random stream (compile's seed) differs from rank 0's" in r.stderr, r.stderr[-3000:]
+    assert "also different: input normalization" in r.stderr, r.stderr[-3000:]
 
 
 def _wait_for(path, proc, log, timeout=TIMEOUT):
@@ -155,6 +170,47 @@ def test_a_stopped_rank_is_named_within_the_timeout(tmp_path):
     os.kill(int(_wait_for(f"{out}.rank2.pid", proc, log)), signal.SIGSTOP)
     text, seconds = _ended(proc, log)
     assert "rank 2 stopped responding" in text, text[-2000:]
+
+
+# the promise: a dead or stopped rank is named within this long, whatever it was doing (the default
+# timeout of 30 s names a silent rank after 15 s without a heartbeat, plus one beat)
+NAMED_WITHIN_SECONDS = 60
+
+
+def test_a_rank_stopped_inside_a_batchnorm_collective_is_named_on_the_terminal(tmp_path):
+    """With the default timeout, the other ranks waiting inside a synchronized BatchNorm collective name
+    the stopped rank in the launcher's own output (not only in the workers' files) within a minute."""
+    out = tmp_path / "bn.npz"
+    log_path = tmp_path / "log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, WORKER, "--out", str(out), "--model",
+                                 "resnet20", "--steps", "3", "--stop-rank", "2"],
+                                stdout=log, stderr=subprocess.STDOUT, env=_env())
+    try:
+        _wait_for(f"{out}.steps", proc, log_path)          # step 1 done: step 2 stops rank 2
+        t0 = time.monotonic()
+        try:
+            proc.wait(timeout=NAMED_WITHIN_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the other ranks did not stop within {NAMED_WITHIN_SECONDS} s")
+        seconds = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:             # the launcher did not end the job: end it, the stopped rank too
+            proc.kill()
+            _kill(f"{out}.rank2.pid")
+    terminal = open(log_path).read()
+    assert proc.returncode != 0
+    assert "rank 2 stopped responding" in terminal, terminal[-3000:]
+    assert "did not finish within" not in terminal, terminal[-3000:]
+    assert seconds < NAMED_WITHIN_SECONDS
+
+
+def _kill(pid_path):
+    """SIGKILL the process whose pid is in ``pid_path`` (a stopped rank the launcher has not ended)."""
+    try:
+        os.kill(int(open(pid_path).read()), signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
 
 
 def test_a_hung_rank_is_named_within_the_timeout(tmp_path):

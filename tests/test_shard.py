@@ -25,8 +25,8 @@ def test_ranks_take_disjoint_slices_of_every_global_batch(n, ranks):
     one = list(DataLoader(data, **kw))
     many = [list(DataLoader(data, shard=(r, ranks), **kw)) for r in range(ranks)]
     assert len({len(m) for m in many}) == 1                # every rank the same number of steps
-    dropped = n % 8 and n % 8 < ranks                      # a last batch too small to share
-    assert len(many[0]) == len(one) - bool(dropped) == len(DataLoader(data, shard=(0, ranks), **kw))
+    # as many as one process: a last batch with fewer samples than ranks leaves some an empty slice
+    assert len(many[0]) == len(one) == len(DataLoader(data, shard=(0, ranks), **kw))
     for b in range(len(many[0])):
         x = np.concatenate([m[b][0] for m in many])
         y = np.concatenate([m[b][1] for m in many])

@@ -10,7 +10,14 @@ them up with every other gradient. Both run the backend's BatchNorm kernels,
 so they work on either backend; only per-channel vectors cross to the host.
 
 Each collective goes through the communication thread in program order and
-waits for its own result: the statistics are needed before the next kernel.
+waits for its own result: the statistics are needed before the next kernel. The
+wait has no deadline of its own: the communication thread fails a collective a
+peer does not join, naming that peer.
+
+A rank with no sample of a mini-batch (the last one, smaller than the ranks)
+runs a stand-in sample of no weight (``contributes`` False): it sends a count
+of zero and zero sums, so the statistics and gradients are the real samples',
+and gives the stand-in no input gradient (the global sums would give it one).
 """
 from __future__ import annotations
 
@@ -20,13 +27,14 @@ import numpy as np
 class BatchNormSync:
     """The ``ctx.sync`` a training-mode BatchNorm calls where its statistics cross ranks."""
 
-    def __init__(self, comm, timeout, to_host, xp=np):
-        self.comm, self.timeout, self.to_host, self.xp = comm, timeout, to_host, xp
+    def __init__(self, comm, to_host, xp=np):
+        self.comm, self.to_host, self.xp = comm, to_host, xp
         self.log = None            # a list: (what, bytes, pending, (wait start, end)) of each collective
+        self.contributes = True    # False: this rank's batch is a stand-in, counted as no sample
 
     def _wait(self, what, nbytes, pending):
         t0 = self.comm.clock()
-        pending.wait(self.timeout)
+        pending.wait()
         if self.log is not None:
             self.log.append((what, nbytes, pending, (t0, self.comm.clock())))
 
@@ -34,10 +42,11 @@ class BatchNormSync:
         """Replace this rank's ``mean`` and biased ``var`` (of ``count`` values per channel) by the
         global ones, in place; returns the global count."""
         c = mean.size
-        send = np.empty(1 + 2 * c)
-        send[0] = count
-        send[1:1 + c] = self.to_host(mean)
-        send[1 + c:] = self.to_host(var)
+        send = np.zeros(1 + 2 * c)
+        if self.contributes:
+            send[0] = count
+            send[1:1 + c] = self.to_host(mean)
+            send[1 + c:] = self.to_host(var)
         recv = np.empty((self.comm.size, send.size))
         self._wait("BatchNorm statistics", recv.nbytes, self.comm.allgather(send, recv))
         n = recv[:, :1]
@@ -64,11 +73,15 @@ class BatchNormSync:
         gbeta = gbeta if gbeta is not None else xp.empty(c, dtype)
         k.bn_backward(x, gy, gamma, mean, invstd, gx, ggamma, gbeta)
         inv = self.to_host(invstd).astype(np.float64)
-        sums = np.empty(1 + 2 * c)
-        sums[0] = gy.size // c
-        sums[1:1 + c] = self.to_host(gbeta)                   # sum(gy)
-        sums[1 + c:] = self.to_host(ggamma) / inv             # sum(gy * (x - mean))
+        sums = np.zeros(1 + 2 * c)
+        if self.contributes:
+            sums[0] = gy.size // c
+            sums[1:1 + c] = self.to_host(gbeta)               # sum(gy)
+            sums[1 + c:] = self.to_host(ggamma) / inv         # sum(gy * (x - mean))
         self._wait("BatchNorm gradient sums", sums.nbytes, self.comm.allreduce(sums))
+        if not self.contributes:     # the stand-in is no sample of the batch: the global sums give it no gradient
+            gx[...] = 0
+            return
         a = inv * self.to_host(gamma).astype(np.float64)
         slope = a * sums[1 + c:] * inv ** 2 / sums[0]
         shift = slope * self.to_host(mean).astype(np.float64) - a * sums[1:1 + c] / sums[0]

@@ -8,9 +8,13 @@ sleeping between polls, so the compute keeps its cores.
 
 The same thread exchanges heartbeats with every peer on a second duplicated
 communicator: each carries the number of collectives its rank has started. A
-collective that does not finish within ``timeout`` fails, naming the rank that
-stopped answering (dead or stopped) or the rank that is behind (hung before
-reaching the collective); every waiter then gets a :class:`DistributedError`.
+running collective fails as soon as a peer has been silent for half the
+timeout, naming it (dead or stopped, whatever it was doing: its communication
+thread beats whatever its compute does), or once it has waited ``timeout``
+with every peer beating, naming the ranks that are behind (hung before
+reaching it). Every waiter then gets that :class:`DistributedError`: the
+thread is the only judge of a collective, so no waiter has a deadline of its
+own that could fire first with a message that names no one.
 """
 from __future__ import annotations
 
@@ -24,12 +28,14 @@ import numpy as np
 
 from ..errors import DistributedError
 
-# a rank is reported missing once it has been silent this long; a reduction waits at most this
+# a collective waits at most this long for peers that still beat (hung before reaching it)
 TIMEOUT_SECONDS = 30.0
-# a heartbeat each second: a dead rank is named within TIMEOUT_SECONDS plus one beat
+# a heartbeat each second: a silent rank is named within SILENT_FRACTION * TIMEOUT_SECONDS plus one
+# beat of the first collective that waits for it (15 s, 16 s at most, by default)
 HEARTBEAT_SECONDS = 1.0
-# a peer silent for half the timeout has stopped (its communication thread beats whatever its
-# compute does); one that beats but has not started the collective is hung before it
+# a peer silent for half the timeout has stopped or died (its communication thread beats whatever
+# its compute does: fifteen missed beats are not a slow step); one that beats but has not started
+# the collective is hung before it, and is named once the whole timeout has passed
 SILENT_FRACTION = 0.5
 # sleep between two polls of a running collective: MPICH moves a collective only inside MPI calls,
 # and 50 us keeps a small reduction within tens of microseconds of its own time while the compute
@@ -38,6 +44,9 @@ SILENT_FRACTION = 0.5
 # takes the GIL from the compute thread of this rank)
 POLL_SECONDS = 50e-6
 POLL_MAX_SECONDS = 1e-3
+# heartbeats to one peer that may wait undelivered before this rank sends it no more: a peer that
+# receives takes each within a beat, so more than a few pending means it stopped receiving
+PENDING_BEATS = 4
 _HEARTBEAT_TAG = 7
 
 
@@ -52,9 +61,10 @@ class Pending:
         self.result = None
         self.seconds = None        # (start, end) on the thread's clock, for traces
 
-    def wait(self, timeout=None):
-        if not self.done.wait(timeout):
-            raise DistributedError(f"a collective did not finish within {timeout:.0f} s")
+    def wait(self):
+        """The result, once the communication thread has finished this collective or failed it
+        (within its timeout, naming the rank at fault)."""
+        self.done.wait()
         if self.error is not None:
             raise self.error
         return self.result
@@ -78,7 +88,7 @@ class CommThread:
         self._progress = {r: 0 for r in peers}
         self._inbox = {r: np.zeros(1, np.int64) for r in peers}
         self._recvs = {r: self.beats.Irecv(self._inbox[r], source=r, tag=_HEARTBEAT_TAG) for r in peers}
-        self._sends = []
+        self._sends = {r: [] for r in peers}    # each peer's heartbeats not yet delivered
         self._next_beat = 0.0
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="minidnn-comm", daemon=True)
@@ -109,7 +119,10 @@ class CommThread:
     def _submit(self, start, result):
         p = Pending()
         p.result = result
-        if self.failure is not None:
+        if self._closed:                   # no thread would run it: its waiter would wait forever
+            p.error = self.failure or DistributedError(f"rank {self.rank}: the communication thread is closed")
+            p.done.set()
+        elif self.failure is not None:
             p.error = self.failure
             p.done.set()
         else:
@@ -150,6 +163,8 @@ class CommThread:
                     self.failure = e
                 except self.MPI.Exception as e:
                     self.failure = DistributedError(f"rank {self.rank}: MPI failed: {e}")
+                except Exception as e:           # the waiters have no deadline of their own: never leave one
+                    self.failure = DistributedError(f"rank {self.rank}: the communication thread failed: {e!r}")
             p.error = self.failure
             p.done.set()
 
@@ -163,7 +178,7 @@ class CommThread:
             now = time.monotonic()
             if now >= self._next_beat:
                 self._beat()
-                if now - began > self.timeout:
+                if self._silent(now) or now - began > self.timeout:
                     raise DistributedError(self._diagnose(now))
             time.sleep(pause)
             pause = min(2 * pause, POLL_MAX_SECONDS)
@@ -177,15 +192,21 @@ class CommThread:
                 self._heard[r] = now
                 self._progress[r] = int(self._inbox[r][0])
                 req = self._recvs[r] = self.beats.Irecv(self._inbox[r], source=r, tag=_HEARTBEAT_TAG)
-        self._sends = [s for s in self._sends if not s[0].Test()]
-        if len(self._sends) < 4 * len(self._heard):   # do not pile up sends to a peer that stopped
-            for r in self._heard:
+        for r, sends in self._sends.items():
+            sends[:] = [s for s in sends if not s[0].Test()]
+            # a peer that stopped takes no more: its undelivered beats do not pile up, and the
+            # others still get theirs (one peer's silence must not make this rank look silent)
+            if len(sends) < PENDING_BEATS:
                 msg = np.array([self.started], np.int64)
-                self._sends.append((self.beats.Isend(msg, dest=r, tag=_HEARTBEAT_TAG), msg))
+                sends.append((self.beats.Isend(msg, dest=r, tag=_HEARTBEAT_TAG), msg))
+
+    def _silent(self, now) -> list:
+        """The peers not heard from for SILENT_FRACTION of the timeout, in rank order."""
+        return sorted(r for r, t in self._heard.items() if now - t > SILENT_FRACTION * self.timeout)
 
     def _diagnose(self, now) -> str:
         quiet = SILENT_FRACTION * self.timeout
-        silent = sorted(r for r, t in self._heard.items() if now - t > quiet)
+        silent = self._silent(now)
         if silent:
             who = ", ".join(f"rank {r}" for r in silent)
             return (f"rank {self.rank}: {who} stopped responding (no heartbeat for {quiet:.0f} s): "

@@ -5,6 +5,12 @@ import os
 
 # what the launchers set in each process: MPICH's Hydra (PMI), Open MPI, Slurm's srun
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+# between a failed rank's last words and its Abort: the launcher forwards a rank's output through a proxy
+# while it acts on an Abort at once, killing every rank and that proxy, so a line written just before the
+# Abort can be lost with the job (the distributed tests keep their workers' errors in files for that
+# reason); half a second lets the proxy forward it, even on a loaded machine, and delays nothing but a
+# job that is failing anyway
+FORWARD_SECONDS = 0.5
 
 
 def launched_size() -> int:
@@ -26,9 +32,12 @@ def launched(**options):
 
 
 def abort(status):
-    """End every rank of the job (after a rank failed: the others must not wait on it at exit)."""
+    """End every rank of the job (after a rank failed: the others must not wait on it at exit), once what
+    this rank has written has had time to reach the launcher's terminal."""
     import sys
+    import time
     if "mpi4py.MPI" in sys.modules:
         sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(FORWARD_SECONDS)
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(status)

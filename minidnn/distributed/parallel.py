@@ -11,7 +11,10 @@ gradient and BatchNorm takes the global batch's statistics (``bn="sync"``; or
 each rank its own, ``bn="local"``), so the number of ranks does not change
 what is trained. Rank 0's parameters, buffers and optimizer state are
 broadcast before the first step, and a configuration that differs across
-ranks is refused at compile time, naming the difference.
+ranks is refused at compile time, naming the difference and the ranks. What
+changes the training outside the trainer (the data, the loader's seed and
+augmentation, the learning-rate schedule, the epochs) is compared with
+:meth:`DataParallel.require_same`, as ``minidnn train`` does before it compiles.
 """
 from __future__ import annotations
 
@@ -96,6 +99,13 @@ class DataParallel:
         return {"ranks": self.size, "batchnorm": self.bn, "bucket bytes": self.bucket_bytes,
                 "tail bytes": self.tail_bytes}
 
+    def require_same(self, settings: dict):
+        """A :class:`~minidnn.errors.DistributedError` on every rank unless every rank passed equal
+        ``settings`` (picklable values, such as :func:`minidnn.data.fingerprint` of the data, the
+        loader's seed and augmentation, the schedule and the epochs), naming the first setting that
+        differs, the ranks and their values. A collective: every rank calls it at the same point."""
+        check_same(self.comm, settings)
+
     def attach(self, trainer, schedule, global_shape):
         """Check that every rank compiled the same thing, then start this rank's communication."""
         from .replica import Replica
@@ -121,7 +131,11 @@ def configuration(trainer, schedule, global_shape, parallel) -> dict:
     params = [(p.qualname, list(p.data.shape)) for p in trainer.net.parameters()]
     model = zlib.crc32(json.dumps([structure, params]).encode())
     mem = trainer.memory
+    stream = zlib.crc32(json.dumps(trainer.rng.bit_generator.state, sort_keys=True).encode())
+    norm = trainer.normalization
     return {"minidnn version": __version__, "global batch": list(global_shape), "dtype": str(trainer.dtype),
+            "random stream (compile's seed)": f"{stream:08x}",
+            "input normalization": json.dumps(norm.to_dict()) if norm is not None else "none",
             "model": f"{len(graph.nodes)} ops, {len(params)} parameters, structure {model:08x}",
             "device": trainer.backend.name,
             "memory budget": repr(mem.budget), "memory policy": repr(mem.policy), "profile": repr(mem.profile),
@@ -131,7 +145,7 @@ def configuration(trainer, schedule, global_shape, parallel) -> dict:
 
 
 def check_same(comm, config) -> list:
-    """DistributedError on every rank if any rank's ``config`` differs from rank 0's, naming the first key;
+    """DistributedError on every rank if any rank's ``config`` differs from rank 0's (:func:`differences`);
     else each rank's (pid, host name)."""
     import os
     import socket
@@ -140,13 +154,31 @@ def check_same(comm, config) -> list:
         gathered = dup.allgather((config, (os.getpid(), socket.gethostname())))
     finally:
         dup.Free()
-    configs = [c for c, _ in gathered]
-    for r, other in enumerate(configs):
-        for key in configs[0]:
-            if other.get(key) != configs[0][key]:
-                raise DistributedError(f"rank {r}'s {key} differs from rank 0's: {other.get(key)} "
-                                       f"!= {configs[0][key]}")
+    problem = differences([c for c, _ in gathered])
+    if problem:
+        raise DistributedError(problem)
     return [who for _, who in gathered]
+
+
+def differences(configs) -> str:
+    """Where the ranks' ``configs`` (dicts, in rank order) differ from rank 0's: the first such key, each rank
+    that differs in it with its value, and the other keys that differ; "" where none does."""
+    keys = list(dict.fromkeys(k for c in configs for k in c))
+    differ = [k for k in keys if any(c.get(k, _ABSENT) != configs[0].get(k, _ABSENT) for c in configs[1:])]
+    if not differ:
+        return ""
+    key = differ[0]
+    values = [c.get(key, _ABSENT) for c in configs]
+    ranks = [r for r, v in enumerate(values) if v != values[0]]
+    text = f"rank {ranks[0]}'s {key} differs from rank 0's: {values[ranks[0]]} != {values[0]}"
+    if len(ranks) > 1:
+        text += " (and " + ", ".join(f"rank {r}'s: {values[r]}" for r in ranks[1:]) + ")"
+    if len(differ) > 1:
+        text += f"; also different: {', '.join(differ[1:])}"
+    return text
+
+
+_ABSENT = "(not set)"       # a key one rank has and another lacks (different versions)
 
 
 def plan_signature(plan) -> int:

@@ -8,6 +8,12 @@ summed over the ranks are the global mean-loss gradient) and its plan's
 signature (ranks whose plans would issue different BatchNorm collectives are
 refused instead of deadlocking). ``end``: every bucket reduced, and the loss
 averaged over the global batch.
+
+A rank with no sample of a mini-batch (the last one, when it has fewer samples
+than there are ranks) still takes part in every collective: it runs a stand-in
+sample (:meth:`Replica.stand_in`) with a weight of zero, so its gradients, its
+BatchNorm count and sums and its loss add nothing, and the step is what one
+process takes on the real samples alone.
 """
 from __future__ import annotations
 
@@ -31,8 +37,7 @@ class Replica:
             from .nccl import NcclStream
             reduce = NcclStream(self.comm, backend).allreduce
         self.reducer = GradientReducer(reduce, trainer.store, parallel.bucket_bytes, parallel.tail_bytes)
-        self.bn = (BatchNormSync(self.comm, parallel.timeout, backend.to_host, backend.xp)
-                   if parallel.bn == "sync" else None)
+        self.bn = BatchNormSync(self.comm, backend.to_host, backend.xp) if parallel.bn == "sync" else None
         self.synced = False
         self._signatures = {}
         self.share = 1.0
@@ -50,8 +55,17 @@ class Replica:
         t.steps_done = state["steps_done"]
         self.synced = True
 
+    @staticmethod
+    def stand_in(x, y):
+        """What this rank runs for its slice ``x``, ``y`` of a mini-batch: the slice itself, or where it
+        is empty, one zero sample of class 0 (given no weight by :meth:`begin`)."""
+        if x.shape[0]:
+            return x, y
+        return np.zeros((1, *x.shape[1:]), x.dtype), np.zeros((1, *y.shape[1:]), y.dtype)
+
     def begin(self, ctx, plan, n_local):
-        """Set up ``ctx`` for one mini-batch of which this rank runs ``n_local`` samples."""
+        """Set up ``ctx`` for one mini-batch of which this rank runs ``n_local`` samples (0: it runs
+        :meth:`stand_in`'s sample, with no weight)."""
         if not self.synced:
             self.broadcast_state()
         sig = self._signatures.get(id(plan))
@@ -68,6 +82,9 @@ class Replica:
             raise DistributedError(f"the ranks' plans differ in their BatchNorm steps (local batches {counts}); "
                                    f"use a global batch that is a multiple of {self.size} or a larger budget")
         total = int(every[:, 0].sum())
+        if total == 0:
+            raise DistributedError("every rank's slice of the mini-batch is empty: give each rank its slice of a "
+                                   "non-empty batch (DataLoader(shard=...))")
         if total > self.global_batch:
             raise DistributedError(f"the ranks' slices add up to {total} samples, more than the global mini-batch "
                                    f"of {self.global_batch}: give each rank its slice (DataLoader(shard=...))")
@@ -77,12 +94,13 @@ class Replica:
         ctx.grads = self.reducer.begin()
         if self.bn is not None:
             self.bn.log = ctx.grads.others
+            self.bn.contributes = n_local > 0
         return ctx
 
     def end(self, ctx, loss) -> float:
         """Every bucket reduced; the global mini-batch's mean loss."""
         ctx.grads.finish()
-        total = np.array([loss * self.share])
+        total = np.array([loss * self.share if self.share else 0.0])   # a stand-in's loss: none
         self.comm.allreduce(total).wait()
         return float(total[0])
 
