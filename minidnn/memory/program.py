@@ -7,6 +7,9 @@ consecutive touches lies a *gap*. A decision may evict a tensor for a gap:
   (once; a copy stays valid until the tensor is written again), free the
   device buffer ``delay`` schedule steps later (when the copy is done), and
   prefetch it back ``lead`` schedule steps before the touch that closes the gap;
+  ``early``: the copy is issued as that touch starts (a touch that only reads
+  the tensor), so it overlaps that step, and the buffer is freed after it
+  (vDNN's offload of a layer's input, overlapping the layer's forward);
 - ``recompute``: drop it right after the touch, and run its producer's forward
   again just before the next touch (restoring that producer's inputs the same
   way, so segments of cheap ops are recomputed together).
@@ -36,6 +39,7 @@ class Evict:
     kind: str          # "offload" or "recompute"
     delay: int = 0     # offload: schedule steps the device copy is held after the offload is issued
     lead: int = 0      # offload: schedule steps before the next touch at which the prefetch is issued
+    early: bool = False  # offload: issued as the touch that opens the gap starts, not after it
 
 
 @dataclass(slots=True)
@@ -260,10 +264,15 @@ class _Lowering:
         self.producer = {t: s for s in schedule.steps if s.kind == "forward" for t in s.outs}
         self.keep_to_end = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
         self.after = defaultdict(list)        # schedule step -> [(tensor, Evict)] after it
+        self.early = defaultdict(list)        # schedule step -> [tensor] whose offload is issued with it
         self.prefetch_at = defaultdict(list)  # schedule step -> [tensor] prefetched before it
         for (t, gap), ev in sorted(evictions.items()):
             a, b = touch[t][gap], touch[t][gap + 1]
             self.after[a].append((t, ev))
+            if ev.kind == "offload" and ev.early:
+                if t in schedule.steps[a].writes or t in schedule.steps[a].updates:
+                    raise ValueError(f"an early offload of {self.tensors[t].name} with step {a}, which writes it")
+                self.early[a].append(t)
             if ev.kind == "offload":
                 self.prefetch_at[max(a + 1, b - ev.lead)].append(t)
 
@@ -370,6 +379,7 @@ class _Lowering:
             missing = [t for t in touched if t not in cur and t not in s.writes and t != s.ws]
             if missing:
                 self.restore(missing, set(touched))
+            issued = {t: self.issue(t) for t in self.early.get(now, ()) if t not in self.host_valid}
             algo = algos.get(now)
             if algo is not None:              # the chosen algorithm brings its own workspace
                 touched = [t for t in touched if t != s.ws]
@@ -392,7 +402,7 @@ class _Lowering:
                 self.host_valid.difference_update(s.updates)
             for t, ev in after.get(now, ()):
                 if ev.kind == "offload":
-                    self.offload(t, i, ev)
+                    self.offload(t, i, ev, issued.get(t))
                 else:
                     self.close(t, i)
             for t in touched:                 # close (its residency ends at i already) after the last use
@@ -405,16 +415,23 @@ class _Lowering:
         nbytes = np.concatenate([self.sched.tensor_bytes, np.array(self.ws_bytes, np.int64)])
         return Program(self.steps, tensors, self.res, self.host_slots, self.host_bytes, self.origin, nbytes)
 
-    def offload(self, t, i, ev):
-        if t in self.host_valid:              # an up-to-date host copy exists: just drop it
-            self.close(t, i)
-            return
+    def issue(self, t) -> int:
+        """Emit the copy of ``t`` to its host slot (valid until ``t`` is written again); its index."""
         j = self.emit(Step(0, "offload", f"offload {self.tensors[t].name}", reads=[t], ins=[t]))
         self.host_valid.add(t)
         if t not in self.host_slots:
             self.host_slots[t] = self.host_bytes
             self.host_bytes += aligned(self.tensors[t].nbytes)
-        r = self.close(t, j)
+        return j
+
+    def offload(self, t, i, ev, issued=None):
+        """Free ``t`` after program step ``i`` (the touch that opens its gap), once its copy is done:
+        the copy ``issued`` before that step (an early offload), or one issued now."""
+        if issued is None and t in self.host_valid:   # an up-to-date host copy exists: just drop it
+            self.close(t, i)
+            return
+        j = issued if issued is not None else self.issue(t)
+        r = self.close(t, max(i, j))
         r.wait_offload, r.delay = j, ev.delay
         if ev.delay:
             self.holds.append((r, self.now + ev.delay))

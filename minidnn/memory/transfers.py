@@ -274,7 +274,8 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
         time)}, unclamped by memory."""
         out, t_x, nxt = {}, 0.0, math.inf
         for g in by_release:
-            t_x = (max(cum[g.a + 1], t_x) if queued else cum[g.a + 1]) + g.seconds
+            issued = cum[g.a] if plan.evictions[g.key].early else cum[g.a + 1]   # (early: beside step a)
+            t_x = (max(issued, t_x) if queued else issued) + g.seconds
             out[g.key] = [g.a + max(g.delay, min(int(np.searchsorted(cum, t_x)) - (g.a + 1), g.b - g.a - 2)),
                           None, t_x, None]
         for g in by_due:
@@ -292,7 +293,8 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
                  for g in gaps for r in [reach[g.key]]}
         timed = extend(gaps, base.copy(), room - headroom, cum, reach, by_saving=not queued)
         trial = dict(plan.evictions)
-        trial.update((g.key, Evict("offload", delay=timed[g.key][0], lead=g.b - timed[g.key][1])) for g in gaps)
+        trial.update((g.key, Evict("offload", delay=timed[g.key][0], lead=g.b - timed[g.key][1],
+                                   early=plan.evictions[g.key].early)) for g in gaps)   # (where it is issued stays)
         return trial
 
     def fitted(queued):
