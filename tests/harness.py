@@ -21,6 +21,11 @@ memory checking and NaN poisoning on):
   larger ones);
 * **torch**: forward, loss and every gradient vs ``torch.nn.functional``
   in float64, for cases that give a ``torch`` function.
+
+:func:`op_tests` makes the three checks over a module's cases into its pytest
+tests; :class:`FnModule` puts an expression under test at a module path of its
+own; :func:`step_matches_torch` checks one training step of a whole network
+against the same network in PyTorch.
 """
 from __future__ import annotations
 
@@ -99,6 +104,17 @@ class CaseNet(nn.Module):
 
     def forward(self, x):
         return self.case.build(*[as_value(x.graph, h) for h in self.holders()])
+
+
+class FnModule(nn.Module):
+    """A module whose ``forward`` is ``fn(x)``: an expression under test, at a module path of its own."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
 
 
 def compile_case(case, dtype=np.float64, seed=0, device="cpu"):
@@ -188,3 +204,40 @@ def check_torch(case, device="cpu"):
     holders = net.holders()
     for i in case.checked:
         _close(host(holders[i].grad), ts[i].grad.numpy(), f"{case.name}: grad of input {i} vs torch", **TORCH_TOL)
+
+
+def op_tests(cases, dtype_ids=("f64", "f32")):
+    """The three checks over ``cases`` as pytest tests (forward in float64 and float32, finite differences,
+    torch), each case xfail'ed where it names a bug; a test module binds them to names of its own:
+    ``test_forward, test_finite_differences, test_against_torch = op_tests(CASES)``."""
+    @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=dtype_ids)
+    @pytest.mark.parametrize("case", [c.param("forward") for c in cases])
+    def test_forward(case, dtype):
+        check_forward(case, dtype)
+
+    @pytest.mark.parametrize("case", [c.param("backward") for c in cases])
+    def test_finite_differences(case):
+        check_backward(case)
+
+    @pytest.mark.parametrize("case", [c.param("torch") for c in cases])
+    def test_against_torch(case):
+        check_torch(case)
+
+    return test_forward, test_finite_differences, test_against_torch
+
+
+# ------------------------------------------------------- whole networks vs PyTorch
+def step_matches_torch(trainer, net, tnet, x, y, rtol):
+    """One ``trainer.step(x, y)`` of ``net`` (cross-entropy, float64) against the same step of ``tnet``, its
+    PyTorch twin: the losses agree to 1e-10 relative, and every parameter's gradient is nonzero and agrees
+    to ``rtol``."""
+    torch = pytest.importorskip("torch")
+    tloss = torch.nn.functional.cross_entropy(tnet(torch.from_numpy(x)), torch.from_numpy(y))
+    tloss.backward()
+    loss = trainer.step(x, y)
+    assert abs(loss - tloss.item()) <= 1e-10 * abs(tloss.item())
+    tparams = dict(tnet.named_parameters())
+    for n, p in net.named_parameters():
+        g = tparams[n].grad.numpy()
+        assert np.abs(g).max() > 0, n
+        np.testing.assert_allclose(host(p.grad), g, rtol=rtol, atol=1e-12, err_msg=n)

@@ -177,6 +177,17 @@ def test_a_stopped_rank_is_named_within_the_timeout(tmp_path):
 NAMED_WITHIN_SECONDS = 60
 
 
+def seconds_to_end(proc):
+    """Seconds the launcher ``proc`` takes to end once a rank is stopped; the test fails if it has not
+    ended within NAMED_WITHIN_SECONDS."""
+    t0 = time.monotonic()
+    try:
+        proc.wait(timeout=NAMED_WITHIN_SECONDS)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the other ranks did not stop within {NAMED_WITHIN_SECONDS} s")
+    return time.monotonic() - t0
+
+
 def test_a_rank_stopped_inside_a_batchnorm_collective_is_named_on_the_terminal(tmp_path):
     """With the default timeout, the other ranks waiting inside a synchronized BatchNorm collective name
     the stopped rank in the launcher's own output (not only in the workers' files) within a minute."""
@@ -188,12 +199,7 @@ def test_a_rank_stopped_inside_a_batchnorm_collective_is_named_on_the_terminal(t
                                 stdout=log, stderr=subprocess.STDOUT, env=_env())
     try:
         _wait_for(f"{out}.steps", proc, log_path)          # step 1 done: step 2 stops rank 2
-        t0 = time.monotonic()
-        try:
-            proc.wait(timeout=NAMED_WITHIN_SECONDS)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the other ranks did not stop within {NAMED_WITHIN_SECONDS} s")
-        seconds = time.monotonic() - t0
+        seconds = seconds_to_end(proc)
     finally:
         if proc.poll() is None:             # the launcher did not end the job: end it, the stopped rank too
             proc.kill()

@@ -15,19 +15,10 @@ import time
 import minidnn  # noqa: F401  first (see conftest)
 import numpy as np
 import pytest
-
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-TIMEOUT = 600          # seconds a run may take on a loaded 2-core machine before the test fails
-# the promise: a dead or stopped rank is named within this long, whatever it was doing (the default
-# timeout of 30 s names a silent rank after 15 s without a heartbeat, plus one beat)
-NAMED_WITHIN_SECONDS = 60
+from test_distributed import MPIEXEC, NAMED_WITHIN_SECONDS, TIMEOUT, _env, seconds_to_end
 
 pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec next to the interpreter "
                                 "(install the mpi extra)")
-
-
-def _env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 def write_mnist(root, n, seed):
@@ -134,12 +125,7 @@ def test_a_stopped_rank_is_named_on_the_terminal_within_a_minute(tmp_path):
         line = next(ln for ln in open(log_path) if "data-parallel over 3 ranks" in ln)
         pid = int(line.split("rank 2: pid ")[1].split()[0])
         os.kill(pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        try:
-            proc.wait(timeout=NAMED_WITHIN_SECONDS)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the other ranks did not stop within {NAMED_WITHIN_SECONDS} s")
-        seconds = time.monotonic() - t0
+        seconds = seconds_to_end(proc)
     finally:
         if proc.poll() is None:            # the launcher did not end the job: end it, the stopped rank too
             proc.kill()

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from harness import DUMMY, OpCase, check_backward, check_forward, check_torch, compile_case, host, rng_for
+from harness import DUMMY, FnModule, OpCase, compile_case, host, op_tests, rng_for
 from minidnn import nn as mnn
 from minidnn import ops
 from minidnn.errors import ShapeError
@@ -202,20 +202,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("case", [c.param("forward") for c in CASES])
-def test_forward(case, dtype):
-    check_forward(case, dtype)
-
-
-@pytest.mark.parametrize("case", [c.param("backward") for c in CASES])
-def test_finite_differences(case):
-    check_backward(case)
-
-
-@pytest.mark.parametrize("case", [c.param("torch") for c in CASES])
-def test_against_torch(case):
-    check_torch(case)
+test_forward, test_finite_differences, test_against_torch = op_tests(CASES)
 
 
 def test_retained_values():
@@ -244,15 +231,6 @@ def test_batch_norm1d_running_stats_against_torch():
 
 
 # ------------------------------------------------------- errors at capture and construction
-class _Fn(mnn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 @pytest.mark.parametrize("layer, shape, what", [
     (lambda: mnn.LayerNorm(5), (2, 3, 4), "(layer_norm): expected an input of shape (*, 5) (normalized_shape [5])"),
     (lambda: mnn.LayerNorm([3, 5]), (2, 3, 4), "expected an input of shape (*, 3, 5)"),
@@ -264,11 +242,11 @@ class _Fn(mnn.Module):
     (lambda: mnn.BatchNorm1d(3), (1, 3), "expected more than 1 value per channel when training"),
     (lambda: mnn.Upsample(scale_factor=2), (2, 3, 4), "(upsample_nearest): expected a 4-D input (N, C, H, W)"),
     (lambda: mnn.Upsample(scale_factor=0.2), (2, 3, 4, 4), "the output size (0, 0) of a 4x4 input must be positive"),
-    (lambda: _Fn(lambda x: mnn.functional.interpolate(x, size=3, scale_factor=2)), (2, 3, 4, 4),
+    (lambda: FnModule(lambda x: mnn.functional.interpolate(x, size=3, scale_factor=2)), (2, 3, 4, 4),
      "exactly one of size and scale_factor must be given"),
-    (lambda: _Fn(lambda x: mnn.functional.interpolate(x, scale_factor=2, mode="nearest", align_corners=True)),
+    (lambda: FnModule(lambda x: mnn.functional.interpolate(x, scale_factor=2, mode="nearest", align_corners=True)),
      (2, 3, 4, 4), "align_corners option can only be set with the interpolating modes"),
-    (lambda: _Fn(lambda x: mnn.functional.interpolate(x, size=(3, 0))), (2, 3, 4, 4), "size must be a positive"),
+    (lambda: FnModule(lambda x: mnn.functional.interpolate(x, size=(3, 0))), (2, 3, 4, 4), "size must be a positive"),
 ], ids=["ln", "ln2", "gn_channels", "gn_groups", "gn_1d", "bn1d_4d", "bn1d_channels", "bn1d_one_value",
         "upsample_3d", "upsample_empty", "both_sizes", "nearest_corners", "zero_size"])
 def test_bad_shapes_name_the_layer(layer, shape, what):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minidnn as mdn
-from harness import host, rng_for
+from harness import host, rng_for, step_matches_torch
 from minidnn import nn as mnn
 from minidnn import optim
 from minidnn.memory import MemoryConfig
@@ -105,15 +105,7 @@ def test_forward_and_every_gradient_match_torch():
     x, y = _batch()
     trainer = mdn.compile(net, SHAPE, mnn.CrossEntropyLoss(), optimizer=None, dtype=np.float64,
                           memory=MemoryConfig(check=True, poison=True))
-    tloss = torch.nn.functional.cross_entropy(tnet(torch.from_numpy(x)), torch.from_numpy(y))
-    tloss.backward()
-    loss = trainer.step(x, y)
-    assert abs(loss - tloss.item()) <= 1e-10 * abs(tloss.item())
-    tparams = dict(tnet.named_parameters())
-    for n, p in net.named_parameters():
-        g = tparams[n].grad.numpy()
-        assert np.abs(g).max() > 0, n
-        np.testing.assert_allclose(host(p.grad), g, rtol=1e-8, atol=1e-12, err_msg=n)
+    step_matches_torch(trainer, net, tnet, x, y, rtol=1e-8)
 
 
 def test_one_sgd_step_and_eval_match_torch():

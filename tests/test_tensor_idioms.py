@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minidnn
-from harness import OpCase, check_backward, check_forward, check_torch, host, rng_for
+from harness import FnModule, OpCase, host, op_tests, rng_for, step_matches_torch
 from minidnn import nn as mnn
 from minidnn import optim
 from minidnn.errors import MinidnnError, ShapeError
@@ -87,16 +87,8 @@ def test_forward_and_gradients_match_torch():
     trainer = minidnn.compile(net, SHAPE, mnn.CrossEntropyLoss(), optimizer=None, dtype=np.float64,
                               memory=minidnn.MemoryConfig(check=True, poison=True))
     out = tnet(torch.from_numpy(x))
-    tloss = torch.nn.functional.cross_entropy(out, torch.from_numpy(y))
-    tloss.backward()
     np.testing.assert_allclose(trainer.predict(x), out.detach().numpy(), rtol=1e-10, atol=1e-12)
-    loss = trainer.step(x, y)
-    assert abs(loss - tloss.item()) <= 1e-10 * abs(tloss.item())
-    tparams = dict(tnet.named_parameters())
-    for n, p in net.named_parameters():
-        g = tparams[n].grad.numpy()
-        assert np.abs(g).max() > 0, n
-        np.testing.assert_allclose(host(p.grad), g, rtol=1e-9, atol=1e-12, err_msg=n)
+    step_matches_torch(trainer, net, tnet, x, y, rtol=1e-9)
 
 
 def test_trains_one_step_like_torch():
@@ -153,34 +145,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("case", [c.param("forward") for c in CASES])
-def test_idiom_forward(case, dtype):
-    check_forward(case, dtype)
-
-
-@pytest.mark.parametrize("case", [c.param("backward") for c in CASES])
-def test_idiom_finite_differences(case):
-    check_backward(case)
-
-
-@pytest.mark.parametrize("case", [c.param("torch") for c in CASES])
-def test_idiom_matches_torch(case):
-    check_torch(case)
+test_idiom_forward, test_idiom_finite_differences, test_idiom_matches_torch = op_tests(CASES, dtype_ids=None)
 
 
 # ------------------------------------------------------------- unsupported idioms
-class _Inner(mnn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 def _trace_inner(fn, shape=SHAPE):
-    net = mnn.Sequential(mnn.Identity(), mnn.Sequential(_Inner(fn)))
+    net = mnn.Sequential(mnn.Identity(), mnn.Sequential(FnModule(fn)))
     return trace(net, shape)
 
 
@@ -237,7 +207,7 @@ def test_bad_shapes_name_the_module(fn, what):
 
 def test_scalar_arithmetic_needs_floats():
     with pytest.raises(ShapeError, match=r"1\.0 \(mul_scalar\): .*floating-point"):
-        trace(mnn.Sequential(mnn.Identity(), mnn.Sequential(_Inner(lambda x: x * 2))), SHAPE, dtype=np.int64)
+        trace(mnn.Sequential(mnn.Identity(), mnn.Sequential(FnModule(lambda x: x * 2))), SHAPE, dtype=np.int64)
 
 
 def test_flatten_layer_takes_end_dim():

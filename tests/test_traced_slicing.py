@@ -6,7 +6,7 @@ an index out of range a ShapeError naming it."""
 import numpy as np
 import pytest
 
-from harness import OpCase, check_backward, check_forward, check_torch, rng_for
+from harness import FnModule, OpCase, op_tests, rng_for
 from minidnn import nn as mnn
 from minidnn.errors import MinidnnError, ShapeError
 from minidnn.graph import TracingError, trace
@@ -35,41 +35,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("case", [c.param("forward") for c in CASES])
-def test_slice_forward(case, dtype):
-    check_forward(case, dtype)
-
-
-@pytest.mark.parametrize("case", [c.param("backward") for c in CASES])
-def test_slice_finite_differences(case):
-    check_backward(case)
-
-
-@pytest.mark.parametrize("case", [c.param("torch") for c in CASES])
-def test_slice_matches_torch(case):
-    check_torch(case)
+test_slice_forward, test_slice_finite_differences, test_slice_matches_torch = op_tests(CASES)
 
 
 def test_a_slice_reads_nothing_of_the_forward():
-    g = trace(mnn.Sequential(mnn.Conv2d(5, 5, 1), _Inner(lambda x: x[:, 1:3])), SHAPE)
+    g = trace(mnn.Sequential(mnn.Conv2d(5, 5, 1), FnModule(lambda x: x[:, 1:3])), SHAPE)
     (node,) = [n for n in g.nodes if n.op.name == "slice"]
     assert (node.op.saved_inputs, node.op.saved_outputs) == ((), ())
     assert node.path == "1" and node.outputs[0].shape == (2, 2, 4, 6)
 
 
 # ------------------------------------------------------------- what it refuses
-class _Inner(mnn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 def _trace_inner(fn):
-    return trace(mnn.Sequential(mnn.Identity(), mnn.Sequential(_Inner(fn))), SHAPE)
+    return trace(mnn.Sequential(mnn.Identity(), mnn.Sequential(FnModule(fn))), SHAPE)
 
 
 @pytest.mark.parametrize("fn,what", [
