@@ -37,11 +37,22 @@ def test_digits_shapes_range_and_split():
     assert not np.array_equal(other.labels, test.labels)
 
 
-def test_digits_native_size_is_unscaled_sklearn_data():
-    from sklearn.datasets import load_digits as sk
-
-    full = np.concatenate([load_digits(size=8, split=s).images for s in ("train", "test")])
+def test_digits_native_size_is_the_bundled_data_unscaled():
+    """The bundled digits are the optdigits test set: 1797 images of 4x4-block counts 0-16, every class
+    present (174-183 each), split into disjoint train and test sets; scikit-learn's copy, where installed,
+    is the same data."""
+    parts = [load_digits(size=8, split=s) for s in ("train", "test")]
+    full = np.concatenate([p.images for p in parts])
+    labels = np.concatenate([p.labels for p in parts])
     assert full.shape == (1797, 1, 8, 8)
+    counts = full * 16.0
+    np.testing.assert_allclose(counts, np.round(counts), atol=1e-5)
+    assert counts.min() == 0 and round(counts.max()) == 16
+    assert sorted(np.bincount(labels, minlength=10)) == sorted([178, 182, 177, 183, 181, 182, 181, 179, 174, 180])
+    try:
+        from sklearn.datasets import load_digits as sk
+    except ImportError:
+        return
     np.testing.assert_allclose(np.sort(full.reshape(-1)), np.sort(sk().images.reshape(-1) / 16.0), atol=1e-6)
 
 
