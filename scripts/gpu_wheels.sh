@@ -5,7 +5,7 @@
 #
 # The GPU machine has Python 3.12, CuPy 14 for CUDA 13, nvidia-cudnn-cu13, nvidia-nccl-cu13, PyTorch,
 # pybind11, scikit-build-core, CMake and mpi4py, and no registry. What it lacks: minidnn's other
-# dependencies (highspy among them), the dev extra's test tools, pytest-timeout (gpu_check.sh's
+# dependencies, the dev extra's test tools (highspy among them), pytest-timeout (gpu_check.sh's
 # per-test limit), and an MPI library (the mpich wheel, for mpi4py). Their dependencies come too
 # (pip resolves them for the target, binary wheels only); what the machine has already is skipped
 # there when installing, so a wheel downloaded twice costs only disk.
