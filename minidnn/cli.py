@@ -258,7 +258,7 @@ def _run(args, parallel, resume, given, folder):
     if folder is not None and args.overwrite:
         folder.clear()                     # only now: a run refused by any check above loses nothing
     try:
-        hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=args.out if lead else None,
+        hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=folder if lead else None,
                    model_name=args.model, resume=resume, progress=not args.no_progress and lead,
                    metrics_path=args.metrics if lead else None, run_info=run_info, on_step=on_step,
                    reset_optimizer=args.reset_optimizer)

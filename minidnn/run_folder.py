@@ -36,6 +36,9 @@ class RunFolder:
             self.files.append(os.fspath(metrics))        # --metrics elsewhere: this run's file too
         self._fd, self._created = None, False
 
+    def __fspath__(self):
+        return self.path
+
     def __enter__(self):
         return self
 

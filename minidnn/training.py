@@ -29,6 +29,7 @@ from tqdm import tqdm
 from .checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from .data import DataLoader, Normalization
 from .errors import CheckpointError, ConfigError, MinidnnError
+from .run_folder import RunFolder
 
 FORMAT = 2              # 1: the model's state under "model.<key>"; 2: under its own keys
 _OPTIM = "optim."       # optimizer state: "optim.<parameter>.<state name>"
@@ -316,7 +317,7 @@ def _truncate_jsonl(path, key, limit):
 
 def fit(trainer, train_loader, test_loader=None, epochs=1, schedule=None, out_dir=None, model_name=None,
         resume=None, progress=True, log=print, on_step=None, metrics_path=None, run_info=None,
-        reset_optimizer=False):
+        reset_optimizer=False, overwrite=False):
     """Train for ``epochs`` over ``train_loader`` (a :class:`~minidnn.data.DataLoader`); each epoch
     ends with a test accuracy (with ``test_loader``), a metrics line and a checkpoint.
 
@@ -326,7 +327,11 @@ def fit(trainer, train_loader, test_loader=None, epochs=1, schedule=None, out_di
 
     With ``out_dir``: ``checkpoint.safetensors`` (every epoch and on Ctrl-C),
     ``steps.jsonl`` (one line per step: epoch, batch, step, loss, lr) and, unless
-    ``metrics_path`` says otherwise, ``metrics.jsonl`` (one line per epoch).
+    ``metrics_path`` says otherwise, ``metrics.jsonl`` (one line per epoch). The
+    folder is locked while ``fit`` runs, and one holding another run's files is
+    refused unless ``resume`` continues that run from its own checkpoint or
+    ``overwrite`` replaces it (:class:`~minidnn.run_folder.RunFolder`; a folder
+    the caller has claimed already is taken as it is).
     ``resume`` is a checkpoint path or a :class:`Checkpoint`; the
     consumed batches of its epoch are drawn again and skipped, so the loader's
     shuffle and augmentation stay in step; ``reset_optimizer`` is :func:`restore`'s.
@@ -341,6 +346,15 @@ def fit(trainer, train_loader, test_loader=None, epochs=1, schedule=None, out_di
             raise ConfigError("fit: a DataLoader normalizes its batches (mean=, std=), outside the model, so "
                               "checkpoints would not keep it: give the trainer the normalization "
                               "(compile(..., normalize=(mean, std))) and the loaders none")
+    if out_dir is not None and not isinstance(out_dir, RunFolder):
+        where = resume.path if isinstance(resume, Checkpoint) else resume
+        with RunFolder(out_dir, metrics_path) as folder:
+            folder.claim(where, overwrite)
+            if overwrite:
+                folder.clear()
+            return fit(trainer, train_loader, test_loader, epochs, schedule, folder, model_name, resume, progress,
+                       log, on_step, metrics_path, run_info, reset_optimizer)
+    out_dir = os.fspath(out_dir) if out_dir is not None else None
     loop = _Loop(trainer, schedule, model_name or "model", out_dir, metrics_path, run_info, progress, log, on_step)
     start_epoch, skip, carried = 0, 0, []
     if resume is not None:

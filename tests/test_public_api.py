@@ -211,3 +211,32 @@ def test_eval_of_a_checkpoint_that_is_not_one_is_one_line(tmp_path, capsys):
     save_checkpoint(path, tensors, {**meta, "format": 3})
     rc, _, err = run(capsys, "eval", path)
     assert rc == 2 and "newer minidnn" in one_line_error(err)
+
+
+def test_fit_into_a_folder_holding_a_run_is_refused_and_loses_nothing(tmp_path):
+    """Python's fit keeps the CLI's promise: a second fit into a folder holding a run is refused (its
+    checkpoint and logs untouched, not appended to), continues it with resume= from its own checkpoint,
+    replaces it with overwrite=True; while a fit runs, the folder is locked."""
+    train = load("digits", "train", size=8)
+    out = tmp_path / "run"
+
+    def fit(**kwargs):
+        trainer = small_trainer(small_net())
+        return mdn.fit(trainer, DataLoader(train, 32), epochs=1, out_dir=out, progress=False,
+                       log=lambda line: None, **kwargs)
+    fit()
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"checkpoint.safetensors", "steps.jsonl", "metrics.jsonl"} <= set(files)
+    with pytest.raises(mdn.ConfigError, match="holds a previous run"):
+        fit()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert len(read_jsonl(out / "metrics.jsonl")) == 1
+    fit(resume=out / "checkpoint.safetensors")          # epoch 1 of 1 done: nothing to add, nothing lost
+    assert len(read_jsonl(out / "metrics.jsonl")) == 1
+    fit(overwrite=True)
+    assert len(read_jsonl(out / "metrics.jsonl")) == 1
+    from minidnn.run_folder import RunFolder
+    with RunFolder(out) as held:
+        held.claim(out / "checkpoint.safetensors")
+        with pytest.raises(mdn.ConfigError, match="in use"):
+            fit(overwrite=True)
