@@ -1,6 +1,7 @@
 """Memory plans of ImageNet networks on GPU profiles: planning only, no kernels run.
 
     python scripts/bench_memory.py [--profiles titanx-12gb,v100-16gb] [--budgets 12GiB,16GiB] [--deepest]
+    python scripts/bench_memory.py --tight-only --tight-profiles a100-sxm4-80gb,h100-sxm5-80gb --precision tf32
 
 For each network and batch: ideal (no reuse), liveness peak, lower bound, and
 at each budget the plan peak and the predicted step time relative to
@@ -35,6 +36,7 @@ from minidnn.memory import MemoryConfig, format_bytes, parse_bytes, plan_memory
 from minidnn.memory.bound import step_time_floor
 from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.planner import minimum_bytes
+from minidnn.memory.profiles import PRECISIONS, get_profile
 from minidnn.memory.subbatch import plan_sub_batches
 from minidnn.report import shapes_only, sub_batch_schedules, training_schedule
 
@@ -173,18 +175,25 @@ def main():
     ap.add_argument("--budgets", default="12GiB,16GiB")
     ap.add_argument("--fractions", default="50%,25%", help="the tight table's budgets, of the liveness peak")
     ap.add_argument("--tight-profiles", default=TIGHT_PROFILES)
+    ap.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
+                    help="the tight table's math (tf32: convolutions and GEMMs on the profiles' tensor cores)")
+    ap.add_argument("--tight-only", action="store_true", help="the tight table alone")
     ap.add_argument("--deepest", action="store_true")
     ap.add_argument("--train", action="store_true", help="also train VGG-11 (CPU) below its full-batch minimum")
     args = ap.parse_args()
     profiles = args.profiles.split(",")
     budgets = [parse_bytes(b) for b in args.budgets.split(",")]
     print("GiB; each budget cell: plan peak (predicted step time vs unlimited memory), or the minimum if infeasible")
-    table(CASES, profiles, budgets, [f"{p} @ {format_bytes(b)}" for p in profiles for b in budgets])
-    tight = args.tight_profiles.split(",")
+    if not args.tight_only:
+        table(CASES, profiles, budgets, [f"{p} @ {format_bytes(b)}" for p in profiles for b in budgets])
+    names = args.tight_profiles.split(",")
+    tight = [get_profile(p).at_precision(args.precision) for p in names]
     fractions = [float(f.strip("%")) / 100 for f in args.fractions.split(",")]
-    print("\nat a fraction of the liveness peak (targets: at most +3% at 50%, +33% at 25%); bound: the least "
-          "any plan can take there (memory/bound.py)")
-    table(TIGHT, tight, fractions, [f"{p} @ {f:.0%}" for p in tight for f in fractions], bound=True)
+    print(f"\nat a fraction of the liveness peak, {args.precision} (targets: at most +3% at 50%, +33% at 25%); "
+          "bound: the least any plan can take there (memory/bound.py)")
+    table(TIGHT, tight, fractions, [f"{p} @ {f:.0%}" for p in names for f in fractions], bound=True)
+    if args.tight_only:
+        return
     with shapes_only():
         net = models.get("resnet_deep", depth=1001)
     _, sched = training_schedule(net, (16, 3, 224, 224))
