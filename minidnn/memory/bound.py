@@ -10,8 +10,10 @@ rest of ``curve[s] - limit``, each either
   of a producer may restore all its outputs, so a producer is charged once, at the least of its
   outputs' chains), or
 - *offloaded*: its copy out done before ``s`` starts, and its prefetch, issued once ``s`` is over,
-  done before the touch that closes the gap. The copy stream is one queue: the copies out
-  released at or after step ``a`` take at most the compute time from ``a`` to ``s``, and the
+  done before the touch that closes the gap. A copy out starts after the touch that opens the gap,
+  or beside it where that touch only reads the tensor (an early offload, as vDNN's). The copy
+  stream is one queue: the copies out that may start at or after a time take at most the compute
+  time from then to ``s``, and the
   prefetches due by step ``e`` at most the time from ``s`` to ``e``, each plus what the plan adds
   in that window (its stalls, slower algorithms and recomputations).
 
@@ -78,6 +80,10 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     closes = np.array([b for _, _, b in gaps])
     nbytes = np.array([int(schedule.tensor_bytes[t]) for t, _, _ in gaps], np.float64)
     copy = np.array([cost.transfer_seconds(schedule.tensors[t].nbytes) for t, _, _ in gaps])
+    # when a gap's copy out may start: beside the touch that opens it where that touch only reads
+    # the tensor (program.Evict.early), else after it
+    released = np.array([start[a] if t not in schedule.steps[a].writes and t not in schedule.steps[a].updates
+                         else start[a + 1] for t, a, _ in gaps])
     tops = [int(s) for s in np.argsort(-curve, kind="stable")[:peaks] if curve[s] > limit]
     if not tops:
         return Floor(baseline, baseline)
@@ -123,14 +129,14 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
         # the bytes freed at s cover what it holds over the limit
         rows.add({**{drop[i]: -nbytes[i] for i in drop}, **{off[i]: -nbytes[i] for i in span},
                   **{y: -freed for y, freed, _ in slower}}, -(int(curve[s]) - limit))
-        # the copies out released from step a on are done before s starts; the prefetches due by
+        # the copies out that may start from a time on are done before s starts; the prefetches due by
         # step e, issued once s is over, arrive before e starts: each window as long as the
         # unlimited step's, plus what the plan adds in it (the recomputations of what s frees run
         # after s: the prefetches may have their time too)
         offs, xs = np.array([off[i] for i in span]), copy[span]
-        releases = np.unique(opens[span])
-        rows.add_many(opens[span][None, :] >= releases[:, None], offs, xs, {before: -1.0},
-                      start[s] - start[releases + 1])
+        releases = np.unique(released[span])
+        rows.add_many(released[span][None, :] >= releases[:, None], offs, xs, {before: -1.0},
+                      start[s] - releases)
         redone = {}                          # a run of each producer that restores what s frees
         for i in drop:
             ran = dropped[i]
