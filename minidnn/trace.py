@@ -144,7 +144,7 @@ class Trace:
                 conv = [_CONVERT[f.type] for f in fields(typ)]
                 kw[item] = [typ(*(c(v) for c, v in zip(conv, row))) if len(row) <= len(conv) else typ(*row)
                             for row in d[item]]
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:     # OverflowError: an integer given as Infinity
             raise TraceError(f"{where}: malformed minidnn trace: bad entry in {item!r} ({e})") from None
         return cls(**kw)
 
