@@ -1,52 +1,40 @@
-"""The exact reference: a MILP over the planner's own decisions, solved by HiGHS.
+"""The exact reference: the fastest plan of the planner's decision space that places within a
+budget, found by a MILP (HiGHS) that proposes candidates and the planner's own code that judges them.
 
-The model has one stage per schedule step and decides, for every gap between
-two touches of an arena tensor (program.py's words), whether the tensor is
-kept, dropped and recomputed before the touch that closes the gap, or
-offloaded and prefetched; and for every step with several algorithms which
-one it runs (a one-hot, its workspace in that stage's memory). Its variables:
+The decisions: for every gap between two touches of an arena tensor (program.py's words), keep
+it, drop it and recompute it before the touch that closes the gap, or offload it with one of a
+few timings (``OFFLOAD_TIMINGS``, and the heuristic's own where it has one); and for every step
+with several algorithms, which one it runs. A plan is what ``planner.make_plan`` makes of them:
+lowered, placed and simulated; it fits where its placed peak is within the budget.
 
-- ``d[t,g]`` drop, ``v[t,g,k]`` offload with timing ``k`` (binary; ``o[t,g]``
-  their sum): the gap's decision;
-- ``R[s,p]``: schedule step ``p`` (a forward) runs again in stage ``s``, as
-  the lowering's restore chain does: for a dropped gap that closes at ``s``,
-  and for each input of a rerun step that is not on the device then
-  (Checkmate's frontier-advancing ``R``, ``S`` being the gaps kept);
-- ``x[s,a]``: step ``s`` runs algorithm ``a``; ``z[s,p,a]`` linearizes a
-  rerun with its step's algorithm (``z >= R + x - 1``);
-- ``F[s,a,b]``: reruns ``a`` and ``b`` run as one fused pass (op.fused), which
-  costs what ``b`` costs alone;
-- ``A[s,q,p]``: the values rerun step ``q`` restored in stage ``s`` are still
-  held when rerun ``p`` runs (a later rerun reads them, or the stage's step);
-- ``T[s]``: the stage's time on two streams, at least its compute (with what
-  the copies beside it take from compute) and at least its copies.
+The model (optimal_model.py, optimal_time.py) is a relaxation of that: for given decisions its
+memory at every stage is at most the lowered program's there (so at most the placed arena), and
+its time is at most the simulator's (equal to it but where a chain's order decides when a copy
+is waited for). Its variables:
 
-Every relation is a lower bound on what a variable costs (a rerun is forced by
-what it restores, a held value by a later reader, a stage's time by its
-terms), and the objective (the sum of ``T``) and the memory rows only ever
-push them down: so ``R``, ``z``, ``A`` and ``T`` are continuous and can take
-their exact values at an optimum, without big-M constraints (freeing is never
-penalized).
+- ``d[t,g]`` drop, ``v[t,g,k]`` offload with timing ``k`` (binary; ``o[t,g]`` their sum): the
+  gap's decision; ``x[s,a]``: step ``s`` runs algorithm ``a``: these are the decisions;
+- ``R[s,p]``: schedule step ``p`` (a forward) runs again in stage ``s``, as the lowering's restore
+  chain does: for a dropped gap that closes at ``s``, and for each input of a rerun step that is
+  not on the device then (Checkmate's ``R``); ``phi[s,u]``: the chain prefetches ``u`` from a host
+  copy that is still valid instead; ``z[s,p,a]``: a rerun with its step's algorithm;
+- ``F[s,a,b]``: reruns ``a`` and ``b`` run as one fused pass (op.fused), which costs what ``b``
+  costs alone; ``h``, ``w``: an input a rerun reads, an output it writes, that the chain restores;
+- event times on the two streams (optimal_time.py), the step's time ``T`` the objective.
 
-The memory of a stage is what the lowering holds there: at the step, what it
-touches, the gaps kept across it and its workspace; at each rerun of its
-restore chain (run in schedule order), what was on the device before the
-chain, the earlier reruns' values that a later rerun or the step still reads,
-its own outputs and its workspace. (The lowering may order a branching chain
-otherwise, and fuses some reruns into one pass that writes less: the model is
-then an upper bound.) An offloaded value takes one of a few
-timings (``OFFLOAD_TIMINGS``): held over the ``delay`` stages after the touch
-that opens its gap while its copy runs, and prefetched over the ``lead``
-stages before the touch that closes it, each copy's time spread evenly over
-its stages; a value whose host copy is still valid is dropped without a copy.
+Each relation bounds a variable from the side its cost pushes against (a rerun is forced by
+what it restores, a held value by its reader, an event time by what precedes it), so the
+continuous variables take their exact values at an optimum without big-M constraints, except
+the waits for copies that may not run.
 
-The model (its variables and expressions) is in optimal_model.py; this file
-solves it and turns the solution back into evictions and algorithms, lowered,
-placed and simulated by :func:`planner.make_plan` like every plan. Where the
-placement needs more than the model's curve, the next round models the
-placement's two regions instead, and later rounds the curve again with its
-limit lowered by what placement added. The solver starts from the heuristic's
-plan where the model admits it, and the reference is the faster of the two.
+The search (:func:`solve_reference`): the MILP's optimum is a decision vector whose modelled time
+is a lower bound on the simulated time of every plan still in the space. Its plan is made; if it
+places within the budget and is the fastest yet, it is kept; either way a no-good cut removes
+exactly that decision vector, and a row keeps the MILP to modelled times below the fastest plan
+kept. The search ends when the fastest plan is no slower than the MILP's bound (it is then
+optimal over the decision space: every plan left is modelled, so simulated, at least as slow),
+when the MILP has no solution left (the same), or on the time limit: then it reports the proven
+lower bound and the gap, never "optimal".
 """
 from __future__ import annotations
 
@@ -54,116 +42,181 @@ import math
 import time
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
+try:
+    import highspy
+except ImportError as e:          # the research extra: training and planning do not need it
+    raise ImportError("the exact reference (minidnn.memory.optimal) needs HiGHS's Python binding: "
+                      "pip install 'minidnn[research]'") from e
 from scipy import sparse
 
 from ..errors import MemoryBudgetError
+from ..schedule import aligned
 from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
-from .optimal_model import Model
+from .optimal_cuts import cut_terms, large_threshold
+from .optimal_model import PAIRED_TIMINGS, Model
 from .planner import algorithm_options, fastest, lower_bound, make_plan, plan_memory, smallest
 from .program import touches
+
+# HiGHS's tolerance on the rows of a MIP solution (its default 1e-6 rejects, as "Solve error", the
+# solutions of some models whose waits for copies carry a constant M of a few step times: 2e-6 over);
+# the rows are scaled to about one, so a modelled time may be below its exact value by about that.
+MIP_FEASIBILITY = 1e-5
+# Seconds are compared relative to the step, at the solver's tolerance: a plan within it of the
+# bound is the optimum (3 ns of a 300 us step).
+TOLERANCE = MIP_FEASIBILITY
+# HiGHS stops a solve once its incumbent is within this relative gap of its bound (default 1e-4): the
+# search needs the true optimum of each solve, to below TOLERANCE.
+MIP_REL_GAP = 1e-8
+# Solves with the limit lowered, after a solution placed over the budget, before the search goes on:
+# placement adds to the live peak (first fit fragments), 20% on a 24-node DAG at 80% of its
+# liveness peak, so that many solutions at the limit place over it, each one solve; a solve whose
+# limit leaves room for what placement adds finds one that places, and its time removes the rest.
+PROBES = 3
+# HiGHS's statuses that are an answer (a solution, a proof that none is left, or the time limit's stop)
+SOLVED = ("Optimal", "Infeasible", "Time limit reached")
 
 
 @dataclass
 class Solution:
-    """What the solver reports: ``status`` (HiGHS's words, e.g. "Optimal", "Time limit reached"),
-    ``objective`` (the incumbent's modelled seconds, None without one), ``bound`` (the proven lower
-    bound on them), ``gap`` (relative MIP gap), ``seconds`` (solve time), the incumbent as minidnn
-    decisions, whether the heuristic's plan was given as the starting incumbent, and whether the
-    placement's two regions were modelled."""
+    """One MILP solve: ``status`` (HiGHS's words, e.g. "Optimal", "Time limit reached",
+    "Infeasible"), ``objective`` (the incumbent's modelled seconds, None without one), ``bound``
+    (the proven lower bound on the modelled seconds of every decision left; inf where none is),
+    ``seconds`` (solve time), and the incumbent as decision values and as minidnn decisions."""
 
     status: str
     objective: float
     bound: float
-    gap: float
     seconds: float
-    evictions: dict
-    algos: dict
-    warm: bool = False
-    regions: bool = False
+    x: np.ndarray = None
+    evictions: dict = None
+    algos: dict = None
 
 
-def solve(model, limit, time_limit=30.0, warm=None, regions=False) -> Solution:
-    """Minimize ``model``'s step time within ``limit`` arena bytes (with ``regions``, the placement's
-    two regions within it too); ``warm``: variable values (:meth:`Model.evaluate`'s) given to HiGHS
-    as its first incumbent."""
-    unit = sum(model.secs) or 1.0             # seconds and bytes scaled to about one
-    rows = model.rows(limit, regions)
-    lo, hi, ri, ci, vals = [], [], [], [], []
-    scales = {"bytes": 1.0 / max(limit, 1), "seconds": 1.0 / unit, "logic": 1.0}
-    for r, (e, a, b, kind) in enumerate(rows):
-        scale = scales[kind]
-        lo.append((a - e.const) * scale)
-        hi.append((b - e.const) * scale)
-        for v, c in e.terms.items():
-            ri.append(r)
-            ci.append(v)
-            vals.append(c * scale)
-    nv = len(model.names)
-    a = sparse.csc_matrix((vals, (ri, ci)), shape=(len(rows), nv))
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = nv, len(rows)
-    cost = np.zeros(nv)
-    cost[model.T] = 1.0 / unit
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, np.array(model.lo), np.array(model.hi)
-    lp.row_lower_, lp.row_upper_ = np.array(lo), np.array(hi)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                       for i in model.integer]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("threads", 1)
-    h.passModel(lp)
-    if warm is not None:
-        start = highspy.HighsSolution()
-        start.col_value = list(warm)
-        h.setSolution(start)
-    began = time.perf_counter()
-    h.run()
-    seconds = time.perf_counter() - began
-    info, status = h.getInfo(), h.modelStatusToString(h.getModelStatus())
-    if info.primal_solution_status != 2:       # no feasible incumbent
-        return Solution(status, None, info.mip_dual_bound * unit, math.inf, seconds, None, None, warm is not None,
-                        regions)
-    x = np.array(h.getSolution().col_value)
-    ev, algos = model.decisions(x)
-    return Solution(status, info.objective_function_value * unit, info.mip_dual_bound * unit, info.mip_gap,
-                    seconds, ev, algos, warm is not None, regions)
+class Solver:
+    """The MILP of ``model`` within ``limit`` arena bytes, in one HiGHS instance: :meth:`cut` removes
+    a decision vector, :meth:`below` keeps modelled times below a bound, :meth:`solve` solves what
+    is left."""
+
+    def __init__(self, model, limit):
+        self.model = model
+        self.unit = unit = sum(model.secs) or 1.0       # seconds and bytes scaled to about one
+        rows = model.rows(limit)
+        lo, hi, ri, ci, vals = [], [], [], [], []
+        scales = {"bytes": 1.0 / max(limit, 1), "seconds": 1.0 / unit, "logic": 1.0}
+        for r, (e, a, b, kind) in enumerate(rows):
+            scale = scales[kind]
+            lo.append((a - e.const) * scale)
+            hi.append((b - e.const) * scale)
+            for v, c in e.terms.items():
+                ri.append(r)
+                ci.append(v)
+                vals.append(c * scale)
+        nv = len(model.names)
+        a = sparse.csc_matrix((vals, (ri, ci)), shape=(len(rows), nv))
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = nv, len(rows)
+        cost = np.zeros(nv)
+        cost[model.timeline.T] = 1.0 / unit
+        lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, np.array(model.lo), np.array(model.hi)
+        lp.row_lower_, lp.row_upper_ = np.array(lo), np.array(hi)
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                           for i in model.integer]
+        self.h = h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
+        h.setOptionValue("mip_feasibility_tolerance", MIP_FEASIBILITY)
+        h.passModel(lp)
+        self.ceiling = None                  # the row that keeps T below the fastest plan kept
+
+    def cut(self, terms, need):
+        """Add the row sum(terms[v] * v) >= need (optimal_cuts.cut_terms)."""
+        idx = np.array(sorted(terms), np.int32)
+        self.h.addRow(need, highspy.kHighsInf, len(idx), idx, np.array([terms[v] for v in idx]))
+
+    def below(self, seconds):
+        """Keep the modelled time below ``seconds`` (less TOLERANCE)."""
+        upper = seconds * (1.0 - TOLERANCE) / self.unit
+        if self.ceiling is None:
+            self.ceiling = self.h.getNumRow()
+            self.h.addRow(-highspy.kHighsInf, upper, 1, np.array([self.model.timeline.T], np.int32), np.array([1.0]))
+        else:
+            self.h.changeRowBounds(self.ceiling, -highspy.kHighsInf, upper)
+
+    def solve(self, time_limit) -> Solution:
+        h = self.h
+        h.setOptionValue("time_limit", max(float(time_limit), 0.0))
+        began = time.perf_counter()
+        h.run()
+        seconds = time.perf_counter() - began
+        info, status = h.getInfo(), h.modelStatusToString(h.getModelStatus())
+        if status == "Infeasible":
+            return Solution(status, None, math.inf, seconds)
+        bound = info.mip_dual_bound * self.unit
+        if info.primal_solution_status != 2:       # no feasible incumbent
+            return Solution(status, None, bound, seconds)
+        x = np.array(h.getSolution().col_value)
+        ev, algos = self.model.decisions(x)
+        return Solution(status, info.objective_function_value * self.unit, bound, seconds, x, ev, algos)
 
 
 @dataclass
 class Reference:
-    """The exact reference at one budget: ``plan`` (the faster of the MILP's plan and the heuristic's,
-    both lowered, placed and simulated by the planner's code), ``milp`` (the MILP's own plan, None
-    where it found none that fits), ``heuristic`` (``plan_memory``'s plan, None where it has none),
-    the last ``solution`` with an incumbent, the ``rounds`` solved (the curve at the limit, the
-    placement's two regions, then the curve lowered by what placement added) and the model's
-    prediction of the MILP plan (``model_seconds``, ``model_bytes``: its arena peak)."""
+    """The exact reference at one budget. ``plan``: the fastest plan found that places within the
+    budget (the MILP's candidates and the heuristic's plan, each lowered, placed and simulated by
+    the planner's code), None where none places; ``heuristic``: ``plan_memory``'s plan (None where
+    it has none); ``bound``: a proven lower bound on the simulated seconds of every plan of the
+    decision space within the budget (inf: none places); ``optimal``: ``plan`` is within TOLERANCE
+    of it (else the search stopped on its time limit); ``candidates``: MILP solutions tried,
+    ``misplaced`` of them placed over the budget; ``model_seconds``: the model's time for ``plan``
+    (a lower bound on its simulated time; None where the model does not express it); ``solves``:
+    the MILP's solve times; ``seconds``: the whole search's; ``stop``: HiGHS's status of the last solve."""
 
     plan: object
-    milp: object
     heuristic: object
-    solution: Solution
-    rounds: int
+    bound: float
+    optimal: bool
+    candidates: int = 0
+    misplaced: int = 0
     model_seconds: float = None
-    model_bytes: int = None
+    solves: tuple = ()
+    seconds: float = 0.0
+    stop: str = "Optimal"
+
+    @property
+    def status(self) -> str:
+        """"optimal" (or "none places": proven that no plan of the space places), "time limit", or
+        the solver's own words where it stopped otherwise; never "optimal" without the proof."""
+        if self.optimal:
+            return "optimal" if self.plan is not None else "none places"
+        return "time limit" if self.stop == "Time limit reached" else f"stopped: {self.stop}"
+
+    @property
+    def gap(self) -> float:
+        """The best plan's seconds over the proven bound, minus one (inf without a plan)."""
+        if self.plan is None:
+            return math.inf
+        return self.plan.simulation.seconds / self.bound - 1 if self.bound > 0 else math.inf
 
 
-def solve_reference(schedule, budget, cost=None, config=None, time_limit=30.0, offload=True, rounds=4,
-                    heuristic=None) -> Reference:
-    """The MILP's best plan within ``budget`` bytes (persistent included) beside the heuristic's.
+def solve_reference(schedule, budget, cost=None, config=None, time_limit=60.0, offload=True,
+                    heuristic=None, timings=PAIRED_TIMINGS, hinted=True) -> Reference:
+    """The fastest plan of the decision space within ``budget`` bytes (persistent included), or the
+    best found and a proven bound where ``time_limit`` seconds (the whole search) run out.
 
     ``config`` gives the profile and the algorithm setting (``MemoryConfig``'s); ``heuristic``: the
-    heuristic's plan at this budget if already made. Raises MemoryBudgetError below the lower bound,
-    and where neither the MILP nor the heuristic finds a plan."""
+    heuristic's plan at this budget if already made; ``timings``: the offload Evicts a gap may take
+    (optimal_model's PAIRED_TIMINGS or INDEPENDENT_TIMINGS; with ``hinted``, the heuristic's own
+    for its gaps too: its plan is then one of the decisions). Raises MemoryBudgetError below the lower bound."""
+    began = time.perf_counter()
     config = config or MemoryConfig()
     cost = CachedCost(cost or ProfileCost(config.profile))
     touch = touches(schedule)
-    options = algorithm_options(schedule, cost) if config.algorithms == "auto" else {}
+    options = pareto(algorithm_options(schedule, cost, pinned=config.algorithms != "auto"))
     least = lower_bound(schedule, smallest(options))
     if budget < least:
         raise MemoryBudgetError(f"budget {format_bytes(budget)} ({budget} B) is below the lower bound "
@@ -174,56 +227,155 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=30.0, o
                                                            algorithms=config.algorithms), cost)
         except MemoryBudgetError:
             heuristic = None
-    base = heuristic.baseline if heuristic is not None else None
-    hints = {key: (ev.delay, ev.lead) for key, ev in (heuristic.evictions or {}).items()
-             if ev.kind == "offload"} if heuristic is not None else {}
-    model = Model(schedule, cost, touch, options, offload, hints)
-    limit = budget - schedule.persistent_bytes
-    # the heuristic's plan as the solver's first incumbent, where the model can express it and it fits
-    seen = model.evaluate(heuristic.evictions or {}, heuristic.algos or {}) if heuristic is not None else None
-    milp = solution = predicted = None
-    lowered = 0                # what placement added to the curve's plans, taken off the curve's limit
-    for done in range(1, rounds + 1):
-        regions = done == 2    # the second round models the placement's two regions instead
-        target = limit if regions else limit - lowered
-        fits = seen is not None and (seen.regions if regions else seen.peak) <= target
-        last = solve(model, target, time_limit, seen.x if fits else None, regions)
-        if solution is None or last.evictions is not None:
-            solution = last
-        if last.evictions is None:
-            if regions:
-                continue
+    model = Model(schedule, cost, touch, options, offload, hints_of(heuristic) if hinted else {}, timings)
+    search = _Search(schedule, cost, touch, options, budget, heuristic, least, model)
+    solves, bound = [], None
+    proven = 0.0          # a lower bound on the modelled time of every decision left: each solve's rises
+    while bound is None:
+        sol = search.solve(time_limit - (time.perf_counter() - began))
+        solves.append(sol.seconds)
+        proven = max(proven, sol.bound)
+        best = search.best
+        if sol.x is None:                         # nothing left (a proof), or out of time
+            bound = proven if best is None else min(proven, best.simulation.seconds)
             break
-        plan = make_plan(schedule, last.evictions, cost, "optimal", budget, base, touch,
-                         {**fastest(options), **last.algos})
-        if plan.arena_bytes <= limit:
-            milp, predicted = plan, model.evaluate(last.evictions, last.algos)
-            break
-        if not regions:
-            lowered += plan.arena_bytes - limit
-    for p in (milp, heuristic):
-        if p is not None:
-            p.lower_bound_bytes = least
-    fits = [p for p in (milp, heuristic) if p is not None and p.peak_bytes <= budget]
-    if not fits:
-        raise MemoryBudgetError(f"neither the MILP ({solution.status}) nor the planner finds a plan within "
-                                f"{format_bytes(budget)} ({budget} B)", least, budget)
-    best = min(fits, key=lambda p: p.simulation.seconds)
-    return Reference(best, milp, heuristic, solution, done, *(predicted[:2] if predicted else (None, None)))
+        plan = search.check(sol.evictions, sol.algos)
+        if plan is not None and plan.arena_bytes > search.limit and search.ceiling() > sol.objective * (1 + TOLERANCE):
+            solves += search.probe(plan.arena_bytes - search.limit, time_limit - (time.perf_counter() - began))
+        best = search.best
+        if sol.status != "Optimal":               # out of time, with an incumbent
+            bound = min(proven, best.simulation.seconds) if best is not None else proven
+        elif best is not None and best.simulation.seconds <= sol.objective * (1 + TOLERANCE):
+            bound = min(sol.objective, best.simulation.seconds)   # nothing left is modelled faster
+    best = search.best
+    optimal = best is None and math.isinf(bound) or (
+        best is not None and best.simulation.seconds <= bound * (1 + TOLERANCE))
+    if best is not None:
+        best.lower_bound_bytes = least
+    seen = model.evaluate(best.evictions or {}, best.algos or {}) if best is not None else None
+    return Reference(best, heuristic, bound, optimal, search.candidates, search.misplaced,
+                     seen.seconds if seen is not None else None, tuple(solves), time.perf_counter() - began,
+                     sol.status)
+
+
+class _Search:
+    """The plans the search has made: each decision vector once (lowered, placed and simulated by
+    ``make_plan``), the fastest that places within the budget, and the cuts that remove them from
+    the MILP."""
+
+    def __init__(self, schedule, cost, touch, options, budget, heuristic, least, model):
+        self.schedule, self.cost, self.touch, self.options = schedule, cost, touch, options
+        self.budget, self.least, self.model = budget, least, model
+        self.limit = budget - schedule.persistent_bytes
+        self.base = heuristic.baseline if heuristic is not None else None
+        self.best = heuristic if heuristic is not None and heuristic.peak_bytes <= budget else None
+        self.seen, self.cuts = set(), []
+        self.candidates = self.misplaced = 0
+        self.solver = Solver(model, self.limit)
+
+    def check(self, evictions, algos):
+        """Make the plan of these decisions (once), keep it where it is the fastest that places,
+        and cut it from the main solver (and keep the cut for probes); the plan, None where it was
+        made before."""
+        key = (frozenset(evictions.items()), tuple(sorted((s, a.name) for s, a in algos.items())))
+        if key in self.seen:
+            return None
+        self.seen.add(key)
+        plan = make_plan(self.schedule, evictions, self.cost, "optimal", self.budget, self.base, self.touch,
+                         {**fastest(self.options), **algos}, least=self.least)
+        self.candidates += 1
+        over = plan.arena_bytes > self.limit
+        if over:
+            self.misplaced += 1
+        elif self.best is None or plan.simulation.seconds < self.best.simulation.seconds:
+            self.best = plan
+        sigma = large_threshold(plan.program, self.limit) if over else None
+        cut = cut_terms(self.model, self.model.encode(evictions, algos), over, sigma, algos)
+        self.cuts.append(cut)
+        self.solver.cut(*cut)
+        return plan
+
+    def solve(self, seconds_left) -> Solution:
+        """The main solver's next solution below the fastest plan; where HiGHS fails on the instance
+        it has been given cut by cut ("Solve error": the rows' numerics after many cuts), a fresh
+        one with the same rows, once."""
+        for fresh in (False, True):
+            if fresh:
+                self.solver = Solver(self.model, self.limit)
+                for terms, need in self.cuts:
+                    self.solver.cut(terms, need)
+            if self.best is not None:
+                self.solver.below(self.best.simulation.seconds)
+            sol = self.solver.solve(seconds_left)
+            if sol.status in SOLVED:
+                return sol
+        return sol
+
+    def ceiling(self) -> float:
+        return self.best.simulation.seconds if self.best is not None else math.inf
+
+    def probe(self, overshoot, seconds_left) -> list:
+        """Look for a plan that places, where the MILP's solutions place over the budget: solve
+        again with the limit lowered by what placement added (``overshoot``), and by what it adds
+        to that solution in turn, at most PROBES times or until one places. Only a way to find
+        fast plans early (the proof is the main solver's); the solve times."""
+        began, times = time.perf_counter(), []
+        limit = self.limit - overshoot
+        for _ in range(PROBES):
+            left = seconds_left - (time.perf_counter() - began)
+            if limit <= 0 or left <= 0:
+                break
+            solver = Solver(self.model, limit)
+            for terms, need in self.cuts:
+                solver.cut(terms, need)
+            if self.best is not None:
+                solver.below(self.best.simulation.seconds)
+            sol = solver.solve(left)
+            times.append(sol.seconds)
+            if sol.x is None:
+                break
+            plan = self.check(sol.evictions, sol.algos)
+            if plan is None or plan.arena_bytes <= self.limit:
+                break
+            limit -= plan.arena_bytes - self.limit
+        return times
+
+
+def pareto(options) -> dict:
+    """``options`` (planner.algorithm_options') without the algorithms another one matches in seconds
+    with no more (aligned) workspace: such an algorithm is never faster and holds at least as much
+    at every step, so the reference's decisions leave it out."""
+    out = {}
+    for s, opts in options.items():
+        kept, least = [], math.inf
+        for sec, algo in sorted(opts, key=lambda p: (p[0], aligned(p[1].workspace))):
+            if aligned(algo.workspace) < least:
+                kept.append((sec, algo))
+                least = aligned(algo.workspace)
+        out[s] = kept
+    return out
+
+
+def hints_of(plan) -> dict:
+    """{(tensor, gap): Evict} of ``plan``'s offloads: timings the model offers beside its own, so
+    that the heuristic's plan is one of its decisions."""
+    if plan is None:
+        return {}
+    return {key: ev for key, ev in (plan.evictions or {}).items() if ev.kind == "offload"}
 
 
 class OptimalPolicy:
-    """A memory policy whose choice is the MILP's (at each arena limit it is asked for), started
-    from the heuristic's plan at that limit: for ``MemoryConfig(policy=OptimalPolicy())``."""
+    """A memory policy whose choice is the exact reference's (at each arena limit it is asked for):
+    for ``MemoryConfig(policy=OptimalPolicy())``."""
 
     name = "optimal"
 
-    def __init__(self, time_limit=30.0, offload=True):
+    def __init__(self, time_limit=60.0, offload=True):
         self.time_limit, self.offload = time_limit, offload
 
     def chooser(self, schedule, cost, touch, options, algos):
-        """limit -> (evictions, algorithms) within ``limit`` arena bytes: the MILP plan's that placed
-        within it, else the last solution's (the planner then asks again below); or (None, None)."""
+        """limit -> (evictions, algorithms) of the reference's plan within ``limit`` arena bytes, or
+        (None, None) where it has none."""
         config = MemoryConfig(algorithms="auto" if options else "default")
 
         def choose(limit):
@@ -232,9 +384,7 @@ class OptimalPolicy:
                                       self.offload)
             except MemoryBudgetError:
                 return None, None
-            if ref.milp is not None:
-                return ref.milp.evictions, {**algos, **ref.milp.algos}
-            if ref.solution.evictions is None:
+            if ref.plan is None:
                 return None, None
-            return ref.solution.evictions, {**algos, **ref.solution.algos}
+            return ref.plan.evictions, {**algos, **ref.plan.algos}
         return choose
