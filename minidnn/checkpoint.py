@@ -218,8 +218,8 @@ def load_state_dict_file(path):
                 return {name: archive[name] for name in archive.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise _error(path, "not a valid .npz state_dict", exc) from exc
-    try:
-        return load_file(path)
+    try:   # bfloat16 (a NumPy dtype where ml_dtypes is installed) is widened to float32, exactly
+        return {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in load_file(path).items()}
     except TypeError:
         pass  # numpy cannot name BF16; decode the file ourselves below
     except (SafetensorError, OSError, ValueError) as exc:

@@ -77,7 +77,7 @@ def _build(model, dataset):
 # The settings of a run: a resumed run takes those not given on the command line from its checkpoint.
 RUN_DEFAULTS = {"model": "lenet5", "data": "digits", "image_size": None, "batch_size": 32, "epochs": 30,
                 "seed": 0, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": False,
-                "weight_decay": 5e-4, "schedule": "cosine", "augment": "crop", "pad": 2}
+                "weight_decay": 5e-4, "schedule": "cosine", "augment": "crop", "pad": 2, "precision": "fp32"}
 
 
 def _fits(value, default):
@@ -218,7 +218,8 @@ def _run(args, parallel, resume, given, folder):
     trainer = compile(net, (args.batch_size, *train_set.shape), nn.CrossEntropyLoss(), opt,
                       device=device, memory=MemoryConfig(budget=parse_budget(args.budget), bn=args.bn,
                                                           sub_batching=SUB_BATCHING[args.sub_batching]),
-                      seed=args.seed, parallel=parallel, normalize=_normalization(train_set))   # kept in checkpoints
+                      seed=args.seed, parallel=parallel, normalize=_normalization(train_set),   # kept in checkpoints
+                      precision=args.precision)
     net.init_parameters(args.seed)        # in place, into the trainer's persistent region
     print(f"{args.model}: {net.num_parameters():,} parameters; {len(train_set)} training and "
           f"{len(test_set)} test images of {train_set.shape} from {train_set.name}")
@@ -261,7 +262,7 @@ def _run(args, parallel, resume, given, folder):
         hist = fit(trainer, train_loader, test_loader, args.epochs, sched, out_dir=folder if lead else None,
                    model_name=args.model, resume=resume, progress=not args.no_progress and lead,
                    metrics_path=args.metrics if lead else None, run_info=run_info, on_step=on_step,
-                   reset_optimizer=args.reset_optimizer)
+                   reset_optimizer=args.reset_optimizer, precision_change="precision" in given)
     except KeyboardInterrupt:
         ckpt = os.path.join(args.out, "checkpoint.safetensors")
         hint = f"; continue with --resume {ckpt}" if os.path.isfile(ckpt) else ""
@@ -327,7 +328,7 @@ def cmd_models(args):
     from . import models
     from .report import model_row, models_table
     names = [n for n in models.names() if args.all or n != "resnet_deep"]
-    rows = [model_row(n, args.batch_size, args.image_size) for n in names]
+    rows = [model_row(n, args.batch_size, args.image_size, args.precision) for n in names]
     print(json.dumps(rows, indent=1) if args.json else models_table(rows, args.batch_size, args.image_size))
     return 0
 
@@ -340,9 +341,6 @@ def cmd_plan(args):
     from .memory.profiles import SYSTEMS, get_system
     from .report import make_plan, plan_dict, plan_text, ranks_dict, ranks_text
     models.info(args.model)
-    if args.precision in ("bf16", "fp16"):
-        raise MinidnnError(f"--precision {args.precision}: mixed precision training is not yet available "
-                           "(it needs 2-byte activations in the schedule); use fp32 or tf32")
     system = get_system(args.profile).at_precision(args.precision)
     if args.ranks < 1 or args.batch_size % args.ranks:
         raise MinidnnError(f"--batch-size {args.batch_size} (the global mini-batch) must split evenly over "
@@ -354,7 +352,7 @@ def cmd_plan(args):
     try:
         plan, shape = make_plan(args.model, args.batch_size // args.ranks, args.image_size,
                                 parse_budget(args.budget), args.policy, system.device,
-                                SUB_BATCHING[args.sub_batching], args.bn)
+                                SUB_BATCHING[args.sub_batching], args.bn, args.precision)
     except MemoryBudgetError as e:
         if args.json:   # machines get the minimum too; the one-line error still goes to stderr
             print(json.dumps({"model": args.model, "error": str(e), "minimum_bytes": e.minimum_bytes}))
@@ -373,7 +371,8 @@ def cmd_plan(args):
     else:
         if args.precision != "fp32":
             print(f"precision {args.precision}: convolutions and GEMMs on the profile's {args.precision.upper()} "
-                  "tensor cores (at FP32 where it has none)")
+                  "tensor cores (at FP32 where it has none)" +
+                  ("; activations stored in it, fp32 master weights" if args.precision in ("bf16", "fp16") else ""))
         print(plan_text(plan, args.model, shape, system.device, args.policy))
         if pred is not None:
             print(ranks_text(pred, system, args.batch_size))
@@ -440,6 +439,9 @@ def parser():
                         "(needed), also when that is predicted faster than evicting and keeps the step's "
                         "meaning (fastest), or never (off)")
     t.add_argument("--device", default="cpu", help="cpu | cuda")
+    t.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                   help="fp32 (default), tf32, or mixed precision as torch.autocast: bf16, or fp16 with dynamic "
+                        "loss scaling; with --resume, the checkpoint's unless given (given: a change on purpose)")
     t.add_argument("--parallel-bn", choices=["sync", "local"], default="sync",
                    help="under mpiexec: BatchNorm statistics over the global mini-batch (sync, the meaning "
                         "of one process) or each rank's slice (local, as PyTorch DDP by default)")
@@ -478,6 +480,8 @@ def parser():
     m.add_argument("--image-size", type=int, default=None, help="default: each model's own input size")
     m.add_argument("--all", action="store_true", help="include resnet_deep (1001 layers)")
     m.add_argument("--json", action="store_true", help="machine-readable output")
+    m.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                   help="the memory of a step in this precision (bf16/fp16: mixed precision, 2-byte activations)")
     m.set_defaults(fn=cmd_models)
 
     pl = sub.add_parser("plan", help="the memory plan of a training step under a budget (no kernels run)")
@@ -491,8 +495,8 @@ def parser():
                     help="device profile for the cost model, or a multi-device system (" +
                          ", ".join(sorted(SYSTEMS)) + ") whose device it uses")
     pl.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
-                    help="the math of convolutions and GEMMs: fp32 (CUDA cores) or tf32 (tensor cores on FP32 "
-                         "data, A100 on); bf16 and fp16 (mixed precision) are not yet available")
+                    help="fp32 (CUDA cores), tf32 (tensor cores on FP32 data, A100 on), or bf16/fp16: mixed "
+                         "precision as torch.autocast (2-byte activations, fp32 master weights)")
     pl.add_argument("--ranks", type=int, default=1,
                     help="data-parallel ranks (devices of a system profile): predicts the step time and "
                          "the scaling efficiency (each rank at batch-size / N, against one device at that "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import NumericalError
+from .precision import is_low
 from .schedule import aligned
 from .transaction import InterruptGuard
 
@@ -38,6 +39,7 @@ class Context:
     conv: object = None       # the backend's convolution algorithms (ops.conv_algos on the CPU)
     sync: object = None       # data-parallel: takes BatchNorm's statistics over every rank's batch
     grads: object = None      # data-parallel: starts each gradient bucket's reduction, waits for it
+    scaling: object = None    # fp16: the step's loss scaling (grad_scaler.StepScaling), checked before updates
 
     def __post_init__(self):
         if self.conv is None:
@@ -105,6 +107,8 @@ class _Bound:
         self.fetch = list(plan.schedule.outputs) + ([plan.schedule.loss] if plan.schedule.loss is not None else [])
         self.touched = [[t for t in s.touched if not prog.tensors[t].persistent] for s in prog.steps]
         self.first_update = next((i for i, s in enumerate(prog.steps) if s.kind == "update"), None)
+        grads = plan.schedule.param_grads.values()
+        self.param_grads = [view(t, self.first_update) for t in grads] if self.first_update is not None else []
 
 
 class _Tracing:
@@ -214,6 +218,8 @@ class Executor:
         feed = dict(zip(plan.schedule.inputs, feeds))      # input tensor id -> its array
         last = len(steps) - 1
         for i, step in enumerate(steps):
+            if i == b.first_update and ctx.scaling is not None:   # fp16: unscale; inf/NaN skips the updates
+                ctx.scaling.unscale(ctx.xp, b.param_grads)          # (before the commit: it may refuse)
             if txn is not None:
                 txn.poll()                    # the last chance to stop comes before the first update
                 if i == b.first_update:
@@ -256,9 +262,13 @@ class Executor:
             elif kind == "prefetch":
                 arriving[step.writes[0]] = self.copies.copy(copy[0], copy[1], tr.copy_span(step, i) if tr else None)
             elif kind == "accumulate":
-                ctx.k.add_inplace(updates[0], reads[0])
+                if is_low(updates[0].dtype):     # bf16/fp16 partial gradients: added in fp32, rounded once
+                    ctx.xp.add(updates[0], reads[0], out=updates[0])
+                else:
+                    ctx.k.add_inplace(updates[0], reads[0])
             elif kind == "update":
-                optimizer.update(ins[0], ins[1], outs, ws, t, ctx.k)
+                if ctx.scaling is None or not ctx.scaling.found_inf:
+                    optimizer.update(ins[0], ins[1], outs, ws, t, ctx.k)
             elif kind == "load":
                 for dst, tid in zip(outs, step.outs):
                     if tid in feed:

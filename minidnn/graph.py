@@ -236,6 +236,9 @@ class Graph:
         self._param_values: dict[int, Value] = {}
         self._scopes: list[str] = []
         self.module_paths: dict[int, str] = {}
+        self.precision = None          # the Precision it was traced in (minidnn.precision; None: fp32)
+        self.autocast = None           # mixed precision: inserts the casts (minidnn.autocast.Autocast)
+        self.casts: dict = {}          # (value id, dtype) -> the value's cast, made once per graph
 
     # -- values -------------------------------------------------------------
     def _new_value(self, spec, kind, name, producer=None) -> Value:
@@ -280,7 +283,10 @@ class Graph:
             self._scopes.pop()
 
     def apply(self, op, inputs) -> list[Value]:
-        """Record ``op`` applied to ``inputs``; return its output values."""
+        """Record ``op`` applied to ``inputs``; return its output values. Under mixed precision the
+        casts it needs are recorded first and it may become its staged variant (minidnn.autocast)."""
+        if self.autocast is not None:
+            op, inputs = self.autocast.prepare(self, op, list(inputs))
         specs = [v.spec for v in inputs]
         try:
             out_specs = op.infer(*specs)
@@ -325,14 +331,25 @@ def find_graph(*args) -> Graph:
     raise TypeError("minidnn ops run on traced values: call the module through minidnn.compile")
 
 
-def trace(module, input_shape, dtype=np.float32, loss=None) -> Graph:
+def trace(module, input_shape, dtype=np.float32, loss=None, precision=None) -> Graph:
     """Trace ``module`` (and optionally ``loss`` on its output) into a Graph.
 
     ``input_shape`` includes the batch dimension. With ``loss``, the graph gets
     a label input of ``label_shape`` (default: ``(batch,)`` int64 class indices)
     and its single output is the scalar loss; otherwise the module's outputs.
+    ``precision`` (a name or minidnn.precision.Precision; None: fp32): under bf16/fp16 the
+    graph inserts the casts of mixed precision as it records (minidnn.autocast).
     """
     g = Graph()
+    if precision is not None:
+        from .autocast import Autocast
+        from .precision import get_precision
+        g.precision = get_precision(precision)
+        if g.precision.mixed:
+            if np.dtype(dtype) != np.float32:
+                raise ShapeError(f"precision {g.precision.name} trains fp32 master weights: the dtype must be "
+                                 f"float32, got {np.dtype(dtype).name}")
+            g.autocast = Autocast(g.precision)
     g.module_paths = {id(m): p for p, m in module.named_modules()}
     if loss is not None:
         g.module_paths[id(loss)] = "loss"
@@ -340,6 +357,8 @@ def trace(module, input_shape, dtype=np.float32, loss=None) -> Graph:
     out = module(x)
     if loss is not None:
         shape, ldtype = loss.label_spec(out.spec)
+        if g.autocast is not None:
+            ldtype = g.autocast.label_dtype(ldtype)
         y = g.input(shape, ldtype, kind="label", name="label")
         out = loss(out, y)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]

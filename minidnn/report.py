@@ -57,21 +57,22 @@ def _loss_for(net, input_shape):
     return CrossEntropyLoss() if len(trace(net, input_shape).outputs[0].shape) == 2 else MSELoss()
 
 
-def training_schedule(net, input_shape):
-    """(graph, schedule) of one SGD-with-momentum step of ``net`` on ``input_shape`` (N, C, H, W)."""
+def training_schedule(net, input_shape, precision="fp32"):
+    """(graph, schedule) of one SGD-with-momentum step of ``net`` on ``input_shape`` (N, C, H, W), in
+    ``precision`` (minidnn.precision)."""
     from .autograd import build_schedule
     from .graph import trace
     from .optim import SGD
-    graph = trace(net, input_shape, loss=_loss_for(net, input_shape))
+    graph = trace(net, input_shape, loss=_loss_for(net, input_shape), precision=precision)
     return graph, build_schedule(graph, optimizer=SGD(lr=0.1, momentum=0.9))
 
 
-def step_splits(net, input_shape):
+def step_splits(net, input_shape, precision="fp32"):
     """The :class:`~minidnn.memory.subbatch.Splits` of :func:`training_schedule`'s step: as sub-batches,
     or staged with full-batch BatchNorm statistics."""
     from .optim import SGD
     from .split_graph import step_splits as splits
-    return splits(net, input_shape, _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9))
+    return splits(net, input_shape, _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9), precision=precision)
 
 
 def sub_batch_schedules(net, input_shape):
@@ -86,14 +87,14 @@ def _input_shape(name, batch_size, image_size):
     return (batch_size, c, image_size or h, image_size or w)
 
 
-def model_row(name, batch_size, image_size=None):
+def model_row(name, batch_size, image_size=None, precision="fp32"):
     """One row of the models table: a dict of figures, or with ``error`` why the size does not fit."""
     shape = _input_shape(name, batch_size, image_size)
     row = {"model": name, "input_shape": list(shape)}
     try:
         with shapes_only():
             net = build_model(name, image_size=shape[2], in_channels=shape[1])
-        graph, schedule = training_schedule(net, shape)
+        graph, schedule = training_schedule(net, shape, precision)
     except (MinidnnError, ValueError) as e:   # ShapeError is both; a factory may raise ValueError
         row["error"] = " ".join(str(e).split())
         return row
@@ -122,7 +123,7 @@ def models_table(rows, batch_size, image_size):
 
 
 def make_plan(name, batch_size, image_size=None, budget=None, policy="auto", profile="titanx-12gb",
-              sub_batching=True, bn="exact"):
+              sub_batching=True, bn="exact", precision="fp32"):
     """The memory plan of one training step of model ``name`` and its input shape: whole, or split
     into sub-batches as ``minidnn.compile`` would split it (``sub_batching``, ``bn``: MemoryConfig's).
 
@@ -132,9 +133,9 @@ def make_plan(name, batch_size, image_size=None, budget=None, policy="auto", pro
     get_profile(profile)  # an unknown name fails here, with the known ones, before any work
     with shapes_only():
         net = build_model(name, image_size=shape[2], in_channels=shape[1])
-    _, schedule = training_schedule(net, shape)
+    _, schedule = training_schedule(net, shape, precision)
     config = MemoryConfig(budget=budget, policy=policy, profile=profile, sub_batching=sub_batching, bn=bn)
-    return plan_step(schedule, config, splits=step_splits(net, shape)), shape
+    return plan_step(schedule, config, splits=step_splits(net, shape, precision)), shape
 
 
 def _algorithm_changes(plan):

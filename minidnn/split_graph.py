@@ -91,6 +91,7 @@ def split_graph(graph: Graph, k: int) -> Graph:
     _check(graph, b)
     g = Graph()
     g.module_paths = dict(graph.module_paths)
+    g.precision, g.autocast = graph.precision, graph.autocast   # the split ops of BatchNorm staged alike
     vmap = [{} for _ in range(k)]             # per sub-batch: value id of ``graph`` -> value of ``g``
     for j in range(k):
         for v in graph.inputs:
@@ -136,7 +137,7 @@ def split_graph(graph: Graph, k: int) -> Graph:
     return g
 
 
-def step_splits(net, input_shape, loss, optimizer, dtype=np.float32):
+def step_splits(net, input_shape, loss, optimizer, dtype=np.float32, precision=None):
     """The :class:`~minidnn.memory.subbatch.Splits` of a training step of ``net`` on ``input_shape``
     (batch first): b -> (a sub-batch of b samples adding its gradients, the update alone), and
     (b, k) -> the k sub-batches of b in one graph, staged between BatchNorms."""
@@ -144,7 +145,7 @@ def step_splits(net, input_shape, loss, optimizer, dtype=np.float32):
     from .memory.subbatch import Splits
 
     def graph_of(b):
-        return trace(net, (b,) + tuple(input_shape[1:]), dtype, loss=loss)
+        return trace(net, (b,) + tuple(input_shape[1:]), dtype, loss=loss, precision=precision)
 
     def sub(b):
         graph = graph_of(b)

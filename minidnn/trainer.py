@@ -13,10 +13,12 @@ from .backend import get_backend
 from .data import Normalization
 from .errors import ConfigError, ShapeError
 from .executor import Context, Executor
+from .grad_scaler import GradScaler
 from .graph import trace
 from .memory import MemoryConfig
 from .memory.subbatch import plan_eval, plan_step
 from .persistent import PersistentStore
+from .precision import get_precision
 from .split_graph import step_splits
 from .trace import Recorder
 from .transaction import atomic_step
@@ -46,8 +48,12 @@ class Trainer:
     """
 
     def __init__(self, net, input_shape, loss, optimizer, device="cpu", memory=None, dtype=np.float32, seed=0,
-                 trace_every=1, parallel=None, normalize=None):
+                 trace_every=1, parallel=None, normalize=None, precision="fp32"):
         dtype = _training_dtype(dtype)
+        self.precision = get_precision(precision)
+        if self.precision.mixed and dtype != np.float32:
+            raise ConfigError(f"compile: precision {self.precision.name!r} keeps float32 master weights; "
+                              f"give dtype=np.float32, got {dtype.name}")
         # the inputs' normalization belongs to the model: step and predict apply it, checkpoints keep it
         self.normalization = Normalization.of(normalize, input_shape[1] if len(input_shape) > 1 else None,
                                               "compile: normalize")
@@ -70,6 +76,10 @@ class Trainer:
         self.dtype = np.dtype(dtype)
         self.memory = memory if isinstance(memory, MemoryConfig) else MemoryConfig(budget=memory)
         self.backend = get_backend(device)
+        if self.precision.name != "fp32":
+            self.backend.check_precision(self.precision)
+        # fp16: dynamic loss scaling (GradScaler's rules); its state is checkpointed
+        self.scaler = GradScaler() if self.precision.scaled and optimizer is not None else None
         self.rng = np.random.default_rng(seed)
         self.steps_done = 0
         for p in net.parameters():
@@ -107,12 +117,12 @@ class Trainer:
         """Training steps trace the modules in the modes the user set (a frozen BatchNorm stays
         frozen); ``predict`` traces everything in eval mode."""
         if training:
-            graph = trace(self.net, shape, self.dtype, loss=self.loss)
+            graph = trace(self.net, shape, self.dtype, loss=self.loss, precision=self.precision)
         else:
             modes = [(m, m.training) for m in self.net.modules()]
             self.net.eval()
             try:
-                graph = trace(self.net, shape, self.dtype)
+                graph = trace(self.net, shape, self.dtype, precision=self.precision)
             finally:
                 for m, mode in modes:
                     object.__setattr__(m, "training", mode)
@@ -137,7 +147,7 @@ class Trainer:
         """How a training step on ``shape`` is built as sub-batches (None: without an optimizer it is not)."""
         if self.optimizer is None:
             return None
-        return step_splits(self.net, shape, self.loss, self.optimizer, self.dtype)
+        return step_splits(self.net, shape, self.loss, self.optimizer, self.dtype, self.precision)
 
     def _cost(self, base):
         """The cost model plans use on this backend (on CUDA: cuDNN's algorithms and times)."""
@@ -202,12 +212,19 @@ class Trainer:
         plan = self.plan_for((x.shape[0],) + self.input_shape[1:])
         y = self._check_labels(plan, y)
         ctx = Context.on(self.backend, self.rng)
+        t = self.steps_done + 1
+        if self.scaler is not None:        # the loss's gradient seeded with the scale; skipped steps not counted
+            ctx.scaling = self.scaler.begin()
+            ctx.loss_scale = ctx.scaling.scale
+            t -= self.scaler.skipped_steps
         if self.parallel is not None:
             self.parallel.begin(ctx, plan, n_local)
-        loss = plan.run(self.executor, ctx, x, y, self.optimizer, self.steps_done + 1, self.recorder, txn)
+        loss = plan.run(self.executor, ctx, x, y, self.optimizer, t, self.recorder, txn)
         if self.parallel is not None:
             loss = self.parallel.end(ctx, loss)
         txn.commit()
+        if self.scaler is not None:
+            self.scaler.end(ctx.scaling)
         self.steps_done += 1
         for m in self.net.modules():
             nbt = getattr(m, "num_batches_tracked", None)
@@ -270,7 +287,7 @@ class Trainer:
 
 
 def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, dtype=np.float32, seed=0,
-            trace_every=1, parallel=None, normalize=None) -> Trainer:
+            trace_every=1, parallel=None, normalize=None, precision="fp32") -> Trainer:
     """Trace ``net`` with ``loss`` at ``input_shape`` (batch first), plan memory, and return a Trainer.
 
     ``memory`` is a :class:`MemoryConfig`, a budget (bytes, ``"512MiB"``, a
@@ -286,10 +303,15 @@ def compile(net, input_shape, loss, optimizer=None, device="cpu", memory=None, d
     ``step`` and ``predict`` as ``(x - mean) / std``; ``trainer.normalization`` holds it and
     :func:`minidnn.save` keeps it, so a network loaded with :func:`minidnn.load` is fed as
     it was trained.
+    ``precision`` ("fp32", "tf32", "bf16" or "fp16"; see :mod:`minidnn.precision`): under
+    "bf16"/"fp16" the graph inserts torch.autocast's casts (fp32 master weights, low-precision
+    activations and convolution/linear math with fp32 accumulation), "fp16" with GradScaler's
+    dynamic loss scaling (``trainer.scaler``); ``plan.summary()`` names it.
 
     Several trainers may be compiled on one network: each trains the network's current
     weights (a trainer copies them in where another trainer, or an assignment to
     ``p.data``, replaced its arrays) and keeps its own optimizer state and step count,
     as two PyTorch optimizers over one model do.
     """
-    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel, normalize)
+    return Trainer(net, input_shape, loss, optimizer, device, memory, dtype, seed, trace_every, parallel, normalize,
+                   precision)

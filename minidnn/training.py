@@ -106,6 +106,9 @@ def save(path, trainer, schedule=None, model_name="model", epoch=0, batch=0, ext
             "schedule": schedule.state_dict() if schedule is not None else None, **(extra or {})}
     if opt is not None:
         meta["optimizer_type"] = type(opt).__name__
+    meta["precision"] = trainer.precision.name          # the master weights are fp32 whatever it is
+    if trainer.scaler is not None:                      # fp16: the loss scale and its counters
+        meta["grad_scaler"] = trainer.scaler.state_dict()
     save_checkpoint(path, checkpoint_tensors(trainer), meta)
 
 
@@ -119,7 +122,7 @@ class Checkpoint(NamedTuple):
 
 _REQUIRED = {"model": str, "epoch": int, "batch": int, "steps_done": int, "rng": dict, "optimizer": dict}
 _OPTIONAL = {"format": int, "optimizer_type": str, "schedule": (dict, type(None)), "config": dict,
-             "normalization": (dict, type(None)), "epoch_losses": list}
+             "normalization": (dict, type(None)), "epoch_losses": list, "precision": str, "grad_scaler": dict}
 
 
 def _is_number(v):
@@ -193,7 +196,7 @@ def _normalization(ckpt, trainer):
         raise CheckpointError(f"{ckpt.path}: {e}") from None
 
 
-def restore(source, trainer, schedule=None, model_name=None, reset_optimizer=False):
+def restore(source, trainer, schedule=None, model_name=None, reset_optimizer=False, precision_change=False):
     """Load a checkpoint (a path or a :class:`Checkpoint`) into ``trainer``; with ``model_name``, it
     must be that model's.
 
@@ -202,7 +205,9 @@ def restore(source, trainer, schedule=None, model_name=None, reset_optimizer=Fal
     ones, unless ``reset_optimizer`` asks to start the optimizer's state afresh
     (zeros, and the step count its bias corrections use restarts too). A trainer
     without an optimizer (one compiled to evaluate) takes the weights, BatchNorm
-    statistics and normalization only.
+    statistics and normalization only. A checkpoint trained in another precision (its ``precision``;
+    fp32 if it names none) is refused unless ``precision_change`` (``minidnn train --precision``
+    given explicitly); fp16's loss scale and counters are restored with it.
     Returns its metadata (epoch, batch, steps_done, ...).
     """
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, model_name)
@@ -214,6 +219,11 @@ def restore(source, trainer, schedule=None, model_name=None, reset_optimizer=Fal
         load_weights(ckpt, trainer.net)
         trainer.normalization = normalization
         return meta
+    saved_precision = meta.get("precision", "fp32")
+    if saved_precision != trainer.precision.name and not precision_change:
+        raise CheckpointError(f"{path}: checkpoint was trained in precision {saved_precision}, this trainer is "
+                              f"{trainer.precision.name}: compile with precision={saved_precision!r}, or change it on "
+                              f"purpose (precision_change=True; minidnn train --precision {trainer.precision.name})")
     kind = type(trainer.optimizer).__name__
     if meta.get("optimizer_type", kind) != kind:
         raise CheckpointError(f"{path}: checkpoint was trained with {meta['optimizer_type']}, not {kind}")
@@ -243,6 +253,11 @@ def restore(source, trainer, schedule=None, model_name=None, reset_optimizer=Fal
         trainer.rng = restore_rng(meta["rng"])
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
+    if trainer.scaler is not None and isinstance(meta.get("grad_scaler"), dict):
+        try:
+            trainer.scaler.load_state_dict(meta["grad_scaler"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: its grad_scaler state does not fit ({type(e).__name__}: {e})") from None
     trainer.steps_done = meta["steps_done"]
     trainer.normalization = normalization
     if reset_optimizer:
@@ -250,7 +265,7 @@ def restore(source, trainer, schedule=None, model_name=None, reset_optimizer=Fal
     return meta
 
 
-def load(path, trainer=None, schedule=None, reset_optimizer=False):
+def load(path, trainer=None, schedule=None, reset_optimizer=False, precision_change=False):
     """Read a checkpoint written by :func:`save`, :func:`fit` or ``minidnn train``.
 
     Without ``trainer``: the model's state_dict (name -> array), which ``net.load_state_dict``
@@ -263,7 +278,7 @@ def load(path, trainer=None, schedule=None, reset_optimizer=False):
     ckpt = read_checkpoint(path)
     if trainer is None:
         return model_state(ckpt)
-    restore(ckpt, trainer, schedule, reset_optimizer=reset_optimizer)
+    restore(ckpt, trainer, schedule, reset_optimizer=reset_optimizer, precision_change=precision_change)
     return trainer
 
 
@@ -317,7 +332,7 @@ def _truncate_jsonl(path, key, limit):
 
 def fit(trainer, train_loader, test_loader=None, epochs=1, schedule=None, out_dir=None, model_name=None,
         resume=None, progress=True, log=print, on_step=None, metrics_path=None, run_info=None,
-        reset_optimizer=False, overwrite=False):
+        reset_optimizer=False, overwrite=False, precision_change=False):
     """Train for ``epochs`` over ``train_loader`` (a :class:`~minidnn.data.DataLoader`); each epoch
     ends with a test accuracy (with ``test_loader``), a metrics line and a checkpoint.
 
@@ -353,12 +368,12 @@ def fit(trainer, train_loader, test_loader=None, epochs=1, schedule=None, out_di
             if overwrite:
                 folder.clear()
             return fit(trainer, train_loader, test_loader, epochs, schedule, folder, model_name, resume, progress,
-                       log, on_step, metrics_path, run_info, reset_optimizer)
+                       log, on_step, metrics_path, run_info, reset_optimizer, precision_change=precision_change)
     out_dir = os.fspath(out_dir) if out_dir is not None else None
     loop = _Loop(trainer, schedule, model_name or "model", out_dir, metrics_path, run_info, progress, log, on_step)
     start_epoch, skip, carried = 0, 0, []
     if resume is not None:
-        meta = restore(resume, trainer, schedule, model_name, reset_optimizer)
+        meta = restore(resume, trainer, schedule, model_name, reset_optimizer, precision_change)
         start_epoch, skip, carried = meta["epoch"], meta["batch"], list(meta.get("epoch_losses", []))
         if skip > len(train_loader):
             where = resume.path if isinstance(resume, Checkpoint) else os.fspath(resume)

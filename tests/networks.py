@@ -87,3 +87,67 @@ def make_densenet(nn, cat):
             return self.fc(self.flatten(self.transition(self.block(self.conv0(x)))))
 
     return SmallDenseNet()
+
+
+def make_resnet20(nn, cat=None, width=16):
+    """ResNet-20 for CIFAR (He et al. 2016, section 4.2): three stages of three basic blocks at
+    ``width``, 2x and 4x channels, 1x1 projection shortcuts where the shape changes."""
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU()
+            self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+                             if stride != 1 or cin != cout else None)
+
+        def forward(self, x):
+            out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+            return self.relu(out + (self.shortcut(x) if self.shortcut is not None else x))
+
+    class ResNet20(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, width, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.relu = nn.ReLU()
+            blocks, cin = [], width
+            for i, cout in enumerate((width, 2 * width, 4 * width)):
+                for j in range(3):
+                    blocks.append(Block(cin, cout, 2 if i > 0 and j == 0 else 1))
+                    cin = cout
+            self.layers = nn.Sequential(*blocks)
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.flatten = nn.Flatten()
+            self.fc = nn.Linear(4 * width, 10)
+
+        def forward(self, x):
+            return self.fc(self.flatten(self.avgpool(self.layers(self.relu(self.bn1(self.conv1(x)))))))
+
+    return ResNet20()
+
+
+def make_vgg11_bn(nn, cat=None, width_div=4):
+    """VGG-11 with BatchNorm (configuration A), its channels divided by ``width_div``, for 32x32 inputs."""
+    cfg = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+
+    class VGG11BN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layers, cin = [], 3
+            for v in cfg:
+                if v == "M":
+                    layers.append(nn.MaxPool2d(2, 2))
+                else:
+                    layers += [nn.Conv2d(cin, v // width_div, 3, padding=1), nn.BatchNorm2d(v // width_div), nn.ReLU()]
+                    cin = v // width_div
+            self.features = nn.Sequential(*layers)
+            self.flatten = nn.Flatten()
+            self.classifier = nn.Sequential(nn.Linear(cin, cin), nn.ReLU(), nn.Linear(cin, 10))
+
+        def forward(self, x):
+            return self.classifier(self.flatten(self.features(x)))
+
+    return VGG11BN()

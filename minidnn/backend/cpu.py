@@ -133,6 +133,10 @@ class CPUBackend:
     def describe(self) -> str:
         return "cpu (NumPy + minidnn._C)"
 
+    def check_precision(self, precision):
+        """Every precision runs here: bf16/fp16 ops stage their arguments in fp32 (ops.staging);
+        tf32 is fp32 math (the CPU has no TF32)."""
+
 
 class BackendAlgorithms:
     """A cost model whose ops choose among the backend's algorithms (``conv.algorithms``)."""

@@ -151,6 +151,9 @@ class Plan:
                  f"{len(self.offsets)} arena buffers",
                  f"  ideal (no reuse)   {f(self.ideal_bytes):>12}  ({self.ideal_bytes} B)",
                  f"  liveness peak      {f(self.liveness_peak_bytes):>12}  ({self.liveness_peak_bytes} B)"]
+        precision = getattr(self.schedule.graph, "precision", None)
+        if precision is not None and precision.name != "fp32":
+            lines.insert(1, f"  {precision.describe()}")
         if self.lower_bound_bytes is not None:
             lines.append(f"  lower bound        {f(self.lower_bound_bytes):>12}  ({self.lower_bound_bytes} B)")
         if self.minimum_bytes is not None:

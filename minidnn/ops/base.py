@@ -69,6 +69,11 @@ class Op:
         ws = self.workspace(in_specs, out_specs) if pass_ == "forward" else self.backward_workspace(in_specs, out_specs)
         return [Algo(None, ws)]
 
+    def staged_algorithms(self, listing, in_specs, out_specs, pass_) -> list:
+        """``listing(in_specs, out_specs, pass_)``: a backend's own list of this op's algorithms; a
+        staged op (ops.staging) lists them at fp32 with its staging buffers added to each workspace."""
+        return listing(in_specs, out_specs, pass_)
+
     def flops(self, in_specs, out_specs) -> float:
         return float(sum(int(np.prod(s.shape)) for s in out_specs)) * self.flops_per_output
 

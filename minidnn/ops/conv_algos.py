@@ -581,6 +581,9 @@ class Convolutions:
         """``op``'s algorithms on this backend: a Conv2d's lane variants too."""
         if op.name != "conv2d":
             return op.algorithms(in_specs, out_specs, pass_)
+        return op.staged_algorithms(lambda ins, outs, p: self._conv2d(op, ins, outs, p), in_specs, out_specs, pass_)
+
+    def _conv2d(self, op, in_specs, out_specs, pass_):
         algos = algorithms(Geom.of(op, in_specs[0], in_specs[1], out_specs[0]), pass_, default_lanes(),
                            self.implicit, cpu=True)
         return algos if self.winograd else [a for a in algos if not WINOGRAD.keys() & set(split(a.name, pass_))]

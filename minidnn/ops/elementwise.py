@@ -5,6 +5,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Spec, find_graph
+from ..precision import is_float
 from .base import Op, apply, same_float
 
 
@@ -116,7 +117,7 @@ class ScalarAffineOp(Op):
                      "mul_scalar" if self.shift == 0.0 else "affine_scalar")
 
     def infer(self, x):
-        if not np.issubdtype(np.dtype(x.dtype), np.floating):
+        if not is_float(x.dtype):
             raise ShapeError(f"scalar arithmetic needs a floating-point tensor, got {np.dtype(x.dtype).name}")
         return [Spec(x.shape, x.dtype)]
 

@@ -55,7 +55,8 @@ class BatchNorm2dOp(Op):
             raise ShapeError(f"expected {gamma.shape[0]} channels, got {c}")
         if self.training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
             raise ShapeError("expected more than 1 value per channel when training")
-        return [Spec(x.shape, x.dtype), Spec((c,), x.dtype), Spec((c,), x.dtype)]
+        # the batch statistics in the parameters' dtype: fp32 under mixed precision (a low x)
+        return [Spec(x.shape, x.dtype), Spec((c,), gamma.dtype), Spec((c,), gamma.dtype)]
 
     def forward(self, ctx, ins, outs, ws):
         xp = ctx.xp

@@ -17,6 +17,7 @@ import numpy as np
 from .conv import CudnnConv
 from .kernels import CudaKernels
 from .loader import load_binding
+from .precision import check_precision
 from .streams import CudaCopyStream, bandwidth
 
 
@@ -111,6 +112,10 @@ class CUDABackend:
     def _device_name(self) -> str:
         p = cp.cuda.runtime.getDeviceProperties(self.device.id)
         return p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+
+    def check_precision(self, precision):
+        """bf16/fp16 are refused (BackendUnavailable) until its kernels take low-precision tensors."""
+        check_precision(precision, self.conv.tf32)
 
     def describe(self) -> str:
         return f"cuda:{self.device.id} {self._device_name()} (CuPy {cp.__version__}, cuDNN {self.cudnn_version})"

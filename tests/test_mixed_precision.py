@@ -1,0 +1,268 @@
+"""Mixed precision on the CPU backend (issue #27): the policy, the graph's casts, the staged
+kernels' error bounds, exact bytes, budgets, fp16 loss scaling, checkpoints and the command line.
+
+Error bounds of a staged op (ops/staging.py): its low-precision inputs are converted to fp32
+exactly, the op's fp32 kernel runs, and each result is rounded once to the low dtype. Against
+the same fp32 kernel on the same (already low-precision) inputs, an output element therefore
+differs by at most u_low |y| (one round to nearest even: u = eps/2, bf16 2^-8, fp16 2^-11) plus
+the fp32 accumulation's own difference, which is zero here (the same kernel, the same order).
+Against fp32 inputs that were *not* rounded first, a sum of K products x_i w_i adds
+2 u_low sum |x_i w_i| (each factor rounded once): bound = u_low |y| + 2 u_low K max|x| max|w|.
+"""
+import numpy as np
+import pytest
+
+import minidnn as mdn
+from minidnn import nn, optim
+from minidnn.errors import BackendUnavailable, CheckpointError, ConfigError
+from minidnn.executor import Context
+from minidnn.graph import Spec
+from minidnn.ops.conv import Conv2dOp
+from minidnn.ops.linear import LinearOp
+from minidnn.ops.norm import BatchNorm2dOp
+from minidnn.ops.staging import staged
+from minidnn.precision import BF16, FP16, eps, get_precision, is_low
+from minidnn.schedule import ACT, ACT_GRAD, OPT_STATE, PARAM, PARAM_GRAD
+
+U = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+LOW = {"bf16": BF16, "fp16": FP16}
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = nn.relu(self.bn(self.conv(x)))
+        y = y + y
+        return self.fc(nn.flatten(nn.functional.adaptive_avg_pool2d(y)))
+
+
+def data(step, shape=(4, 3, 8, 8)):
+    rng = np.random.default_rng(step)
+    return rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0])
+
+
+def trainer(precision, memory=None, seed=0, lr=0.1):
+    return mdn.compile(Small().init_parameters(seed=seed), (4, 3, 8, 8), nn.CrossEntropyLoss(),
+                       optim.SGD(lr=lr, momentum=0.9), precision=precision, memory=memory)
+
+
+# -- the policy ------------------------------------------------------------------------------
+def test_precision_names_and_epsilons():
+    assert eps(BF16) == 2.0 ** -7 and eps(FP16) == 2.0 ** -10
+    assert get_precision("bf16").low == BF16 and not get_precision("bf16").scaled
+    assert get_precision("fp16").scaled and not get_precision("tf32").mixed
+    with pytest.raises(ConfigError, match="unknown precision 'fp8': use one of"):
+        get_precision("fp8")
+
+
+def test_bad_precision_and_dtype_are_refused_in_one_line_leaving_the_net():
+    net = Small().init_parameters(seed=0)
+    before = {k: np.array(v) for k, v in net.state_dict().items()}
+    with pytest.raises(ConfigError, match="unknown precision") as e:
+        mdn.compile(net, (4, 3, 8, 8), nn.CrossEntropyLoss(), optim.SGD(lr=0.1), precision="half")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="float32 master weights"):
+        mdn.compile(net, (4, 3, 8, 8), nn.CrossEntropyLoss(), optim.SGD(lr=0.1), precision="bf16", dtype=np.float64)
+    for k, v in net.state_dict().items():
+        assert np.array_equal(np.asarray(v), before[k]) and np.asarray(v).dtype == before[k].dtype
+
+
+def test_cuda_backend_refuses_mixed_precision_without_a_gpu():
+    from minidnn.backend.cuda.precision import check_precision
+    check_precision(get_precision("fp32"))
+    check_precision(get_precision("tf32"))
+    for p in ("bf16", "fp16"):
+        with pytest.raises(BackendUnavailable, match=f"precision {p}: the CUDA backend does not run mixed"):
+            check_precision(get_precision(p))
+
+
+# -- the graph's casts and the bytes -----------------------------------------------------------
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_master_weights_fp32_activations_low_casts_planned(precision):
+    tr = trainer(precision)
+    sched = tr.plan.schedule
+    low = LOW[precision]
+    by_cat = {}
+    for t in sched.tensors:
+        by_cat.setdefault(t.category, set()).add(np.dtype(t.spec.dtype))
+        assert t.nbytes == int(np.prod(t.spec.shape)) * np.dtype(t.spec.dtype).itemsize    # each at its own size
+    for cat in (PARAM, PARAM_GRAD, OPT_STATE):      # (BatchNorm's running statistics are parameters' too)
+        assert by_cat[cat] == {np.dtype(np.float32)}, cat
+    assert low in by_cat[ACT] and low in by_cat[ACT_GRAD]
+    labels = {t.name: np.dtype(t.spec.dtype) for t in sched.tensors}
+    assert labels["conv:cast_" + low.name] == low                        # the weight's low copy: a planned tensor
+    assert sched.tensor(sched.loss).spec.dtype == np.float32                # the loss in fp32
+    bn = next(n for n in sched.graph.nodes if n.op.name == "batch_norm2d")
+    assert bn.outputs[0].dtype == low and bn.outputs[1].dtype == bn.outputs[2].dtype == np.float32
+    assert "precision " + precision in tr.plan.summary()
+    # persistent region: exactly fp32's (master weights, gradients, optimizer state, statistics)
+    assert tr.plan.persistent_bytes == trainer("fp32").plan.persistent_bytes
+
+
+def test_fp32_and_tf32_trace_the_same_graph_as_before():
+    a, b = trainer("fp32"), trainer("tf32")
+    assert [t.spec for t in a.plan.schedule.tensors] == [t.spec for t in b.plan.schedule.tensors]
+    assert "precision" not in a.plan.summary() and "precision tf32" in b.plan.summary()
+    x, y = data(0)
+    assert a.step(x, y) == b.step(x, y)
+
+
+def test_resnet50_b256_memory_bf16_vs_fp32():
+    """`minidnn plan --model resnet50 --batch-size 256 [--precision bf16]`'s figures, exactly."""
+    from minidnn.report import make_plan
+    p32, _ = make_plan("resnet50", 256, precision="fp32")
+    p16, _ = make_plan("resnet50", 256, precision="bf16")
+    assert p32.liveness_peak_bytes == 22092324480 and p32.peak_bytes == 22143763584
+    assert p16.liveness_peak_bytes == 11554908160 and p16.peak_bytes == 11556706304
+    assert p16.persistent_bytes == p32.persistent_bytes
+    assert p16.arena_bytes <= 0.55 * p32.arena_bytes
+
+
+# -- the staged kernels ------------------------------------------------------------------------
+def _run(op, arrays, out_dtypes_low, backward_gy=None):
+    from minidnn.backend.cpu import CPUBackend
+    be = CPUBackend()
+    ctx = Context.on(be, np.random.default_rng(0))
+    specs = [Spec(a.shape, a.dtype) for a in arrays]
+    outs_specs = op.infer(*specs)
+    outs = [np.empty(s.shape, s.dtype) for s in outs_specs]
+    ws = be.empty(op.workspace(specs, outs_specs))
+    op.forward(ctx, list(arrays), outs, ws)
+    grads = None
+    if backward_gy is not None:
+        gy = backward_gy.astype(outs_specs[0].dtype)
+        gins = [np.empty(s.shape, s.dtype) if i not in op.no_grad_inputs else None for i, s in enumerate(specs)]
+        bws = be.empty(op.backward_workspace(specs, outs_specs))
+        ins = [a if i in op.saved_inputs else None for i, a in enumerate(arrays)]
+        saved = [o if i in op.saved_outputs else None for i, o in enumerate(outs)]
+        op.backward(ctx, ins, saved, [gy] + [None] * (len(outs) - 1), gins, bws)
+        grads = gins
+    return outs, grads
+
+
+CASES = {
+    "conv2d": (lambda: Conv2dOp(padding=1), lambda r: [r.standard_normal((2, 4, 5, 5)),
+                                                      r.standard_normal((3, 4, 3, 3)) * 0.3], 4 * 9),
+    "linear": (LinearOp, lambda r: [r.standard_normal((4, 16)), r.standard_normal((5, 16)) * 0.3], 16),
+}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_staged_op_forward_and_gradients_within_one_rounding_of_fp32(name, precision):
+    make, inputs, k = CASES[name]
+    low, u = LOW[precision], U[precision]
+    r = np.random.default_rng(1)
+    xs = [a.astype(np.float32).astype(low) for a in inputs(r)]           # the op's low inputs
+    wide = [a.astype(np.float32) for a in xs]                            # the same values in fp32
+    gy = None
+    (y32,), _ = _run(make(), wide, False)
+    gy = r.standard_normal(y32.shape).astype(np.float32).astype(low)
+    (y32,), g32 = _run(make(), wide, False, gy.astype(np.float32))
+    (ylow,), glow = _run(staged(make()), xs, True, gy)
+    assert ylow.dtype == low and all(g.dtype == low for g in glow if g is not None)
+    # forward: the fp32 result rounded once (round to nearest even): |err| <= u |y|, and it is exactly that
+    assert np.array_equal(ylow, y32.astype(low))
+    assert np.all(np.abs(ylow.astype(np.float64) - y32) <= u * np.abs(y32))
+    for a, b in zip(glow, g32):
+        if a is not None:
+            assert np.array_equal(a, b.astype(low))
+            assert np.all(np.abs(a.astype(np.float64) - b) <= u * np.abs(b))
+    # against unrounded fp32 inputs: + 2u per product, over the reduction length k
+    raw = [a.astype(np.float32) for a in inputs(np.random.default_rng(1))]
+    (yraw,), _ = _run(make(), raw, False)
+    bound = u * np.abs(yraw) + 2 * u * k * np.abs(raw[0]).max() * np.abs(raw[1]).max()
+    assert np.all(np.abs(ylow.astype(np.float64) - yraw) <= bound)
+
+
+def test_staged_batchnorm_keeps_fp32_statistics():
+    r = np.random.default_rng(2)
+    x = r.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    params = [np.ones(3, np.float32), np.zeros(3, np.float32), np.zeros(3, np.float32), np.ones(3, np.float32)]
+    p2 = [p.copy() for p in params]
+    (y32, m32, s32), _ = _run(BatchNorm2dOp(), [x.astype(BF16).astype(np.float32)] + params, False)
+    (ylow, mlow, slow), _ = _run(staged(BatchNorm2dOp()), [x.astype(BF16)] + p2, True)
+    assert mlow.dtype == slow.dtype == np.float32 and ylow.dtype == BF16
+    assert np.array_equal(mlow, m32) and np.array_equal(slow, s32) and np.array_equal(ylow, y32.astype(BF16))
+    assert np.array_equal(p2[2], params[2]) and np.array_equal(p2[3], params[3])   # running stats alike
+
+
+# -- budgets, poison, checkpoints ------------------------------------------------------------
+def test_bf16_under_a_budget_is_bitwise_the_unlimited_run_poison_on():
+    free = trainer("bf16", mdn.MemoryConfig(poison=True, check=True, algorithms="default", sub_batching=False))
+    try:
+        trainer("bf16", mdn.MemoryConfig(budget=1 << 10, algorithms="default", sub_batching=False))
+    except mdn.errors.MemoryBudgetError as e:
+        least = e.minimum_bytes
+    tight = trainer("bf16", mdn.MemoryConfig(budget=least, poison=True, check=True, algorithms="default",
+                                            sub_batching=False))
+    assert tight.plan.peak_bytes <= least <= free.plan.peak_bytes
+    for step in range(3):
+        x, y = data(step)
+        assert free.step(x, y) == tight.step(x, y)
+        assert tight.measured_peak_bytes == tight.plan.peak_bytes
+    for (k, a), b in zip(free.net.state_dict().items(), tight.net.state_dict().values()):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), k
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_checkpoint_keeps_fp32_master_weights_names_precision_and_resumes_exactly(precision, tmp_path):
+    a = trainer(precision)
+    for step in range(2):
+        a.step(*data(step))
+    path = str(tmp_path / "ck.safetensors")
+    mdn.save(path, a)
+    from minidnn.training import read_checkpoint
+    ck = read_checkpoint(path)
+    assert ck.meta["precision"] == precision
+    assert all(t.dtype == np.float32 for k, t in ck.tensors.items() if not k.endswith("num_batches_tracked"))
+    if precision == "fp16":
+        assert ck.meta["grad_scaler"]["scale"] == a.scaler.scale
+    b = mdn.load(path, trainer(precision, seed=5))
+    if precision == "fp16":
+        assert b.scaler.state_dict() == a.scaler.state_dict()
+    for step in range(2, 4):
+        assert a.step(*data(step)) == b.step(*data(step))
+    with pytest.raises(CheckpointError, match=f"trained in precision {precision}, this trainer is fp32"):
+        mdn.load(path, trainer("fp32"))
+    mdn.load(path, trainer("fp32"), precision_change=True)             # on purpose
+
+
+# -- fp16 loss scaling ------------------------------------------------------------------------
+def test_fp16_grad_scaler_skips_overflowing_steps_and_backs_off():
+    tr = trainer("fp16")
+    assert tr.scaler.scale == 2.0 ** 16 and tr.scaler.growth_interval == 2000
+    tr.scaler.scale = 2.0 ** 40                                      # forced: the scaled gradients overflow fp16
+    before = {k: np.array(v) for k, v in tr.net.state_dict().items()}
+    x, y = data(0)
+    scales = []
+    while True:
+        scales.append(tr.scaler.scale)
+        skipped = tr.scaler.skipped_steps
+        tr.step(x, y)
+        if tr.scaler.skipped_steps == skipped:
+            break
+        for k, v in tr.net.state_dict().items():                     # a skipped step leaves the weights
+            if "running" not in k and "num_batches" not in k:
+                assert np.array_equal(np.asarray(v), before[k]), k
+    assert len(scales) >= 2 and scales == [2.0 ** 40 * 0.5 ** i for i in range(len(scales))]
+    assert tr.scaler.skipped_steps == len(scales) - 1 and tr.scaler.growth_tracker == 1
+    assert not np.array_equal(np.asarray(tr.net.state_dict()["conv.weight"]), before["conv.weight"])
+
+
+def test_fp16_growth_after_interval_and_refusal_at_the_minimum():
+    tr = trainer("fp16")
+    tr.scaler.growth_interval = 2
+    for step in range(2):
+        tr.step(*data(step))
+    assert tr.scaler.scale == 2.0 ** 17 and tr.scaler.growth_tracker == 0
+    tr.scaler.scale, tr.scaler.min_scale = 2.0 ** 40, 2.0 ** 40    # one backoff would go below it
+    steps = tr.steps_done
+    with pytest.raises(mdn.errors.NumericalError, match="fall below its minimum.*precision='bf16'"):
+        tr.step(*data(5))
+    assert tr.steps_done == steps and tr.scaler.scale == 2.0 ** 40     # nothing changed
