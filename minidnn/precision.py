@@ -56,10 +56,11 @@ class Precision:
     def mixed(self) -> bool:
         return self.low is not None
 
-    def describe(self, backend_name="cpu") -> str:
-        """One line for plan summaries and the command line."""
+    def describe(self, backend_name=None) -> str:
+        """One line for plan summaries and the command line (``backend_name``: where it runs, if known)."""
         if self.name == "tf32":
-            how = "TF32 math" if backend_name == "cuda" else "fp32 math (the CPU has no TF32)"
+            how = {"cuda": "TF32 math", "cpu": "fp32 math (the CPU has no TF32)"}.get(
+                backend_name, "TF32 math on a GPU's tensor cores, fp32 math on the CPU")
             return f"precision tf32: fp32 storage, {how}"
         if not self.mixed:
             return "precision fp32"

@@ -25,8 +25,9 @@ The split backward finishes a BatchNorm's input gradient in place
 (ops/norm_split.py), so a BatchNorm whose input has other readers (a DenseNet
 layer's input, a pre-activation block's shortcut) normalizes a copy of it, one
 sub-batch at a time; the planner may recompute that copy rather than keep it.
-Samples stay independent everywhere else: every activation must keep the
-batch as its first dimension (checked, naming the node that does not), and
+A node that reads no sample (a weight's low-precision copy under mixed
+precision) runs once and serves every sub-batch. Samples stay independent
+everywhere else: every activation must keep the batch as its first dimension (checked, naming the node that does not), and
 the loss must be a mean over the batch (cross-entropy and MSE are). Dropout
 draws its masks one sub-batch at a time, so with dropout a step is another
 draw than the unsplit one's.
@@ -51,9 +52,22 @@ def _is_batch_norm(node) -> bool:
     return isinstance(node.op, BatchNorm2dOp) and node.op.training
 
 
-def _check(graph, b):
+def _batch_free(graph) -> set:
+    """The ids of the nodes that read no sample: parameters and state only, directly or through
+    such nodes (mixed precision's casts of the weights). They run once for all sub-batches."""
+    free, values = set(), set()
+    for n in graph.nodes:
+        if n.inputs and all(v.kind in ("param", "state") or v.id in values for v in n.inputs):
+            free.add(n.id)
+            values.update(v.id for v in n.outputs)
+    return free
+
+
+def _check(graph, b, free):
     (loss,) = graph.outputs
     for n in graph.nodes:
+        if n.id in free:
+            continue
         batch_valued = n.outputs[:1] if _is_batch_norm(n) else [v for v in n.outputs if v is not loss]
         for v in batch_valued:
             if not v.shape or v.shape[0] != b:
@@ -88,7 +102,8 @@ def split_graph(graph: Graph, k: int) -> Graph:
     b = graph.inputs[0].shape[0]
     if len(graph.outputs) != 1 or graph.outputs[0].shape != ():
         raise ValueError("exact BatchNorm statistics over sub-batches need a training graph with a scalar loss")
-    _check(graph, b)
+    free = _batch_free(graph)
+    _check(graph, b, free)
     g = Graph()
     g.module_paths = dict(graph.module_paths)
     g.precision, g.autocast = graph.precision, graph.autocast   # the split ops of BatchNorm staged alike
@@ -104,6 +119,11 @@ def split_graph(graph: Graph, k: int) -> Graph:
         with g.scope(path):
             return g.apply(op, inputs)
 
+    for n in graph.nodes:                     # once, shared by every sub-batch
+        if n.id in free:
+            for v, w in zip(n.outputs, emit(n.op, n.path, [value(0, v) for v in n.inputs])):
+                for j in range(k):
+                    vmap[j][v.id] = w
     stage = _stages(graph)
     stats, stats_of = {}, {}                  # BatchNorm node id -> [stats value per sub-batch], -> (mean, invstd)
     bn_input = [{} for _ in range(k)]         # per sub-batch: BatchNorm node id -> the value it normalizes
@@ -125,7 +145,7 @@ def split_graph(graph: Graph, k: int) -> Graph:
                     x, (gamma, beta) = bn_input[j][n.id], (value(j, v) for v in n.inputs[1:3])
                     (y,) = emit(BatchNormApplyOp(), path, [x, gamma, beta, *stats_of[n.id]])
                     vmap[j][n.outputs[0].id] = y
-                elif not _is_batch_norm(n) and stage[n.id] == s:
+                elif not _is_batch_norm(n) and stage[n.id] == s and n.id not in free:
                     for v, w in zip(n.outputs, emit(n.op, path, [value(j, v) for v in n.inputs])):
                         vmap[j][v.id] = w
         for n in graph.nodes:

@@ -266,3 +266,69 @@ def test_fp16_growth_after_interval_and_refusal_at_the_minimum():
     with pytest.raises(mdn.errors.NumericalError, match="fall below its minimum.*precision='bf16'"):
         tr.step(*data(5))
     assert tr.steps_done == steps and tr.scaler.scale == 2.0 ** 40     # nothing changed
+
+
+def test_bf16_splits_into_sub_batches_with_each_weight_cast_once():
+    """Below the unsplit minimum, a bf16 step runs as sub-batches with full-batch BatchNorm: the weights'
+    low copies read no sample, so the split graph casts each weight once for every sub-batch, and the
+    split step's loss is the unsplit one's up to rounding: each value on the loss's path is rounded
+    to bf16 at most once per node (u = 2^-8 relative each), and a path has at most as many nodes as
+    the graph, so to first order the two differ by at most (nodes) * u relative."""
+    from minidnn.graph import trace
+    from minidnn.memory.subbatch import StagedPlan
+    from minidnn.split_graph import split_graph
+    graph = trace(Small(), (2, 3, 8, 8), loss=nn.CrossEntropyLoss(), precision="bf16")
+    split = split_graph(graph, 2)
+    weight_casts = lambda g: [n for n in g.nodes if n.op.name.startswith("cast")  # noqa: E731
+                              and all(v.kind == "param" for v in n.inputs)]
+    assert len(weight_casts(split)) == len(weight_casts(graph)) >= 3
+    with pytest.raises(mdn.errors.MemoryBudgetError) as e:
+        trainer("bf16", mdn.MemoryConfig(budget=1 << 10, sub_batching=False))
+    split_trainer = trainer("bf16", mdn.MemoryConfig(budget=e.value.minimum_bytes - 1, check=True, poison=True))
+    whole = trainer("bf16")
+    assert isinstance(split_trainer.plan, StagedPlan) and split_trainer.plan.k >= 2
+    x, y = data(0)
+    a, b = split_trainer.step(x, y), whole.step(x, y)
+    assert split_trainer.measured_peak_bytes == split_trainer.plan.peak_bytes
+    assert a == pytest.approx(b, rel=len(graph.nodes) * U["bf16"])
+
+
+# -- an inf loss -----------------------------------------------------------------------------
+def _overflowing(tr):
+    """``tr``'s network with its classifier's weights at 1e38: its logits, and so its loss, are inf or
+    NaN in fp32 (and bf16, fp32's range); in fp16 the weights' low copy is inf already."""
+    w = tr.net.fc.weight.data
+    good = w.copy()
+    w *= np.float32(1e38) / np.abs(w).max()
+    return good
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")      # inf - inf and inf * 0 in the skipped step
+def test_fp16_inf_loss_is_a_skipped_step_with_the_scale_backed_off():
+    tr = trainer("fp16")
+    good = _overflowing(tr)
+    before = {k: np.array(v) for k, v in tr.net.state_dict().items()}
+    x, y = data(0)
+    loss = tr.step(x, y)                                                 # no NumericalError
+    assert not np.isfinite(loss)
+    assert tr.scaler.skipped_steps == 1 and tr.scaler.scale == 2.0 ** 15 and tr.scaler.growth_tracker == 0
+    for k, v in tr.net.state_dict().items():                           # the update skipped
+        if "running" not in k and "num_batches" not in k:
+            assert np.array_equal(np.asarray(v), before[k]), k
+    tr.net.fc.weight.data[...] = good                                    # a finite loss again: a clean step
+    assert np.isfinite(tr.step(x, y))
+    assert tr.scaler.skipped_steps == 1 and tr.scaler.scale == 2.0 ** 15 and tr.scaler.growth_tracker == 1
+    assert not np.array_equal(tr.net.fc.weight.data, good)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fp32_and_bf16_inf_loss_is_still_a_numerical_error(precision):
+    tr = trainer(precision)
+    _overflowing(tr)
+    before = {k: np.array(v) for k, v in tr.net.state_dict().items()}
+    with pytest.raises(mdn.errors.NumericalError, match="the loss is (inf|nan) at training step 1"):
+        tr.step(*data(0))
+    assert tr.steps_done == 0
+    for k, v in tr.net.state_dict().items():
+        assert np.array_equal(np.asarray(v), before[k]), k
