@@ -113,13 +113,20 @@ def test_fp32_and_tf32_trace_the_same_graph_as_before():
 
 
 def test_resnet50_b256_memory_bf16_vs_fp32():
-    """`minidnn plan --model resnet50 --batch-size 256 [--precision bf16]`'s figures, exactly."""
+    """`minidnn plan --model resnet50 --batch-size 256 [--precision bf16]` on a GPU's profile: every
+    tensor counted at its own dtype's bytes, the master weights' persistent region unchanged, and
+    the liveness peak and the arena in bf16 at most 0.55 of fp32's."""
     from minidnn.report import make_plan
+    from minidnn.schedule import aligned
     p32, _ = make_plan("resnet50", 256, precision="fp32")
     p16, _ = make_plan("resnet50", 256, precision="bf16")
-    assert p32.liveness_peak_bytes == 22092324480 and p32.peak_bytes == 22143763584
-    assert p16.liveness_peak_bytes == 11554908160 and p16.peak_bytes == 11556706304
+    sched = p16.schedule
+    for t in sched.tensors:
+        assert sched.tensor_bytes[t.id] == aligned(int(np.prod(t.spec.shape)) * np.dtype(t.spec.dtype).itemsize), t.name
+    relus = [t for t in sched.tensors if t.category == "activation" and t.name.endswith(":relu")]
+    assert len(relus) >= 49 and all(t.spec.dtype == BF16 for t in relus)
     assert p16.persistent_bytes == p32.persistent_bytes
+    assert p16.liveness_peak_bytes <= 0.55 * p32.liveness_peak_bytes
     assert p16.arena_bytes <= 0.55 * p32.arena_bytes
 
 

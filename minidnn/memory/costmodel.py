@@ -71,6 +71,13 @@ class ProfileCost:
     def transfer_seconds(self, nbytes) -> float:
         return self.profile.transfer_seconds(nbytes)
 
+    def algorithms(self, op, in_specs, out_specs, pass_) -> list:
+        """``op``'s algorithms on the profile's device: a GPU's kernels read and write the low dtypes
+        of mixed precision; the host CPU's (the CPU backend's) stage them through fp32 (ops.staging)."""
+        if self.profile.host:
+            return op.algorithms(in_specs, out_specs, pass_)
+        return op.native_algorithms(in_specs, out_specs, pass_)
+
     @property
     def copy_overlap(self) -> float:
         return self.profile.copy_overlap

@@ -100,6 +100,7 @@ class DeviceProfile:
     tensor_efficiency: TensorRates = TENSOR_FIT  # fraction of each tensor peak a training step reaches
     memory_efficiency: float = 0.8              # fraction of memory bandwidth a bandwidth-bound op reaches
     precision: str = "fp32"        # the math convolutions and GEMMs run in (PRECISIONS)
+    host: bool = False             # the CPU the CPU backend runs on: mixed precision staged through fp32 kernels
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -152,7 +153,7 @@ PROFILES = {p.name: p for p in [
                   tensor_peaks=TensorRates(tf32=417.5e12, fp16=835.5e12, bf16=835.5e12)),
     DeviceProfile("cpu-2core", "a 2-core x86 CPU (the CPU backend; host store in the same DRAM)",
                   24 * 2**30, 60e9, 10 * GB, 5 * GB, efficiency=0.5, step_overhead=30e-6,
-                  copy_overlap=0.5),
+                  copy_overlap=0.5, host=True),
     # The boards of NVIDIA's published training measurements, with the fitted efficiencies (above).
     # Host links as the PCIe profiles': 16, 32, 64 GB/s per direction (PCIe 3.0/4.0/5.0 x16) x 0.75.
     # Tesla V100 datasheet, "V100 for NVLink" (SXM2): 15.7 TFLOPS single precision, 125 TFLOPS tensor,

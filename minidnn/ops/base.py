@@ -69,6 +69,11 @@ class Op:
         ws = self.workspace(in_specs, out_specs) if pass_ == "forward" else self.backward_workspace(in_specs, out_specs)
         return [Algo(None, ws)]
 
+    def native_algorithms(self, in_specs, out_specs, pass_) -> list:
+        """The algorithms of kernels that read and write this op's own dtypes (a GPU library's, for
+        planning on a GPU's profile); the CPU backend's are :meth:`algorithms` (a staged op's differ)."""
+        return self.algorithms(in_specs, out_specs, pass_)
+
     def staged_algorithms(self, listing, in_specs, out_specs, pass_) -> list:
         """``listing(in_specs, out_specs, pass_)``: a backend's own list of this op's algorithms; a
         staged op (ops.staging) lists them at fp32 with its staging buffers added to each workspace."""

@@ -67,6 +67,12 @@ class Staged:
     def algorithms(self, in_specs, out_specs, pass_) -> list:
         return self.staged_algorithms(super().algorithms, in_specs, out_specs, pass_)
 
+    def native_algorithms(self, in_specs, out_specs, pass_) -> list:
+        """The op's own algorithms at its low dtypes, as a kernel that reads them lists them: no staging."""
+        plain = object.__new__(type(self).__bases__[1])      # the op's own class (_staged_class)
+        plain.__dict__.update(self.__dict__)
+        return plain.algorithms(in_specs, out_specs, pass_)
+
     def fused(self, consumer):
         return None          # a fused recomputation's extra operand would need staging of its own
 
