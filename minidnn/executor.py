@@ -245,8 +245,11 @@ class Executor:
             if kind == "forward":
                 step.node.op.forward(ctx, ins, outs, ws)
                 if step.node.op.is_loss and not bool(ctx.xp.isfinite(outs[0]).all()):
-                    raise NumericalError(f"the loss is {float(outs[0])} at training step {t}, computed by "
-                                         f"{step.label} (program step {i}); parameters were not updated")
+                    if ctx.scaling is not None:    # fp16: GradScaler skips the step (every gradient is inf)
+                        ctx.scaling.nonfinite_loss()
+                    else:
+                        raise NumericalError(f"the loss is {float(outs[0])} at training step {t}, computed by "
+                                             f"{step.label} (program step {i}); parameters were not updated")
             elif kind == "backward":
                 step.node.op.backward(ctx, ins, outs, gouts, gins, ws)
             elif kind == "recompute":

@@ -8,6 +8,9 @@ exact for a power of two) and checked: one inf or NaN and the step's updates are
 in a row multiply it by ``growth_factor``. The scale, the clean-step count and the skipped-step
 count are checkpointed (``state_dict``).
 
+An fp16 forward whose loss is inf or NaN is such a step too (its gradients are the loss's
+gradient, inf, times the rest), where fp32 and bf16 raise NumericalError.
+
 Where the scale would fall below ``min_scale`` (every step overflowing: the gradients do not
 fit fp16 even unscaled) the step is refused with a NumericalError naming what to do.
 """
@@ -25,7 +28,14 @@ class StepScaling:
         self.scaler = scaler
         self.scale = scaler.scale
         self.found_inf = False
+        self.loss_inf = False          # the loss itself was inf/NaN: so is every gradient (its seed times it)
         self.after = None              # the scaler's state after this step, once unscaled
+
+    def nonfinite_loss(self):
+        """The forward's loss is inf or NaN: the step is skipped and the scale backed off, as
+        GradScaler does when the scaled loss's gradients come out inf (the executor calls this where
+        an fp32 or bf16 run raises NumericalError)."""
+        self.loss_inf = True
 
     def unscale(self, xp, grads):
         """Unscale ``grads`` in place (fp32, as GradScaler.unscale_), note whether one is inf or NaN, and
@@ -36,7 +46,7 @@ class StepScaling:
         for g in grads:
             g *= inv.astype(g.dtype)
             finite = finite and bool(xp.isfinite(g).all())
-        self.found_inf = not finite
+        self.found_inf = self.loss_inf or not finite
         self.after = self.scaler.after(self)
 
 

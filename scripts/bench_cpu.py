@@ -1,7 +1,7 @@
 """Training-step time of minidnn vs PyTorch on the CPU, each as its users run it.
 
     python scripts/bench_cpu.py [--steps 9] [--batch-size 32] [--threads N] [--peer-env SETTINGS]
-                                [--measured] [--without-implicit] [--without-winograd]
+                                [--measured] [--without-implicit] [--without-winograd] [--precision bf16]
 
 For ResNet-18 (CIFAR variant) and VGG-11 at 3x32x32, both frameworks train the same network
 (minidnn's weights copied into PyTorch's) on the same batch with SGD+momentum. minidnn runs in
@@ -22,6 +22,10 @@ convolution's algorithm); ``--measured`` also times a trainer whose algorithms a
 timing each one on this machine (``MemoryConfig(profile="measured")``, cached on disk), and
 ``--without-implicit`` (``--without-winograd``) one without the implicit (Winograd)
 convolutions, in the same turns.
+
+``--precision bf16`` times minidnn's mixed-precision step (``compile(precision="bf16")``) against
+PyTorch's step under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (the ratios compare these), with
+minidnn's fp32 step beside them in the same turns (``fp32``, its ratio against PyTorch's faster bf16).
 """
 from __future__ import annotations
 
@@ -45,14 +49,14 @@ NETS = (("ResNet-18 (CIFAR)", "resnet18_cifar", {}), ("VGG-11", "vgg11", {"image
 
 
 def bench(name, model, kwargs, args, variants, peer_envs, show):
-    """``variants``: (label, device, memory) of the minidnn trainers timed beside the default one;
+    """``variants``: (label, device, memory, precision) of the minidnn trainers timed beside the default one;
     ``peer_envs``: PyTorch's settings, {} (its defaults) first. Prints one line; returns the times."""
     shape, x, y = synthetic_batch(model, args.batch_size, image_size=kwargs.get("image_size"))
     trainers, nets = [], []
-    for _, device, memory in [("", "cpu", None)] + variants:
+    for _, device, memory, precision in [("", "cpu", None, args.precision)] + variants:
         nets.append(models.get(model, num_classes=10, **kwargs).init_parameters(0))
         trainers.append(minidnn.compile(nets[-1], shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
-                                        device=device, memory=memory))
+                                        device=device, memory=memory, precision=precision))
     workers = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -60,7 +64,8 @@ def bench(name, model, kwargs, args, variants, peer_envs, show):
             np.savez(share, x=x, y=y, **{"state." + k: np.array(v) for k, v in nets[0].state_dict().items()})
             for env in peer_envs:
                 workers.append(peers.Worker(f"PyTorch ({peers.label(env)})",
-                                            ["step", "--model", model, "--share", share], env))
+                                            ["step", "--model", model, "--share", share,
+                                             "--precision", args.precision], env))
         if show:
             print(peers.side_text("minidnn", peers.describe(), STARTED_WITH, "import minidnn"))
             for w in workers:
@@ -78,13 +83,15 @@ def bench(name, model, kwargs, args, variants, peer_envs, show):
     # beside the ratio of the medians, the median of each round's own ratio: a burst of load
     # that covers a round weighs on both of its steps
     rounds = statistics.median(a / b for a, b in zip(times[0], times[len(trainers)]))
-    line = (f"{name:<18} batch {args.batch_size:>3}  minidnn {ms(times[0])}  PyTorch {ms(times[len(trainers)])}  "
+    tag = "" if args.precision == "fp32" else f" {args.precision}"
+    line = (f"{name:<18} batch {args.batch_size:>3}  minidnn{tag} {ms(times[0])}  PyTorch{tag} "
+            f"{ms(times[len(trainers)])}  "
             f"ratio {t_mdn[0] / t_torch[0]:4.2f} (round by round {rounds:4.2f})")
     for env, ts in zip(peer_envs[1:], times[len(trainers) + 1:]):
         line += f"  | PyTorch {peers.label(env)} {ms(ts)}"
     if len(peer_envs) > 1:
         line += f"  | ratio vs the faster {t_mdn[0] / best:4.2f}"
-    for (label, _, _), t, ts in zip(variants, t_mdn[1:], times[1:]):
+    for (label, _, _, _), t, ts in zip(variants, t_mdn[1:], times[1:]):
         line += f"  | {label} {ms(ts)} ratio {t / best:4.2f}"
     print(line, flush=True)
     if args.busy is not None:
@@ -129,15 +136,19 @@ def main(argv=None):
                     help="also time minidnn without its Winograd convolution algorithms, in the same turns")
     ap.add_argument("--measured", action="store_true",
                     help="also time minidnn with algorithms chosen by measuring them here, in the same turns")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: minidnn's mixed precision vs PyTorch's CPU autocast bf16, minidnn fp32 beside them")
     args = ap.parse_args(argv)
     args.busy = None if args.busy < 0 else args.busy
     if args.threads is not None and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
         # OpenMP and OpenBLAS read it when they load, which has happened in this process: start again
         env = dict(STARTED_WITH, OMP_NUM_THREADS=str(args.threads))
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
-    variants = ([("measured", "cpu", minidnn.MemoryConfig(profile="measured"))] if args.measured else []) + (
-        [("without implicit", CPUBackend(implicit=False), None)] if args.without_implicit else []) + (
-        [("without winograd", CPUBackend(winograd=False), None)] if args.without_winograd else [])
+    p = args.precision
+    variants = ([("fp32", "cpu", None, "fp32")] if p != "fp32" else []) + (
+        [("measured", "cpu", minidnn.MemoryConfig(profile="measured"), p)] if args.measured else []) + (
+        [("without implicit", CPUBackend(implicit=False), None, p)] if args.without_implicit else []) + (
+        [("without winograd", CPUBackend(winograd=False), None, p)] if args.without_winograd else [])
     peer_envs = [{}] + [peers.settings(s) for s in (args.peer_env if args.peer_env is not None
                                                      else peers.DEFAULT_BEST) if s]
     print(f"machine: {peers.machine()}; load average {peers.load()} at the start")

@@ -326,7 +326,8 @@ TORCH_NETS = {"resnet18_cifar": torch_resnet18_cifar, "vgg11": torch_vgg11}
 
 def step_worker(a):
     """PyTorch's SGD step on minidnn's network: the weights and the batch come from ``--share``
-    (written by the minidnn side), so both train the same network on the same data."""
+    (written by the minidnn side), so both train the same network on the same data; with ``--precision
+    bf16`` under torch.autocast("cpu", dtype=torch.bfloat16), fp32 weights and optimizer."""
     import torch
     import numpy as np
     shared = np.load(a.share)
@@ -338,7 +339,8 @@ def step_worker(a):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(net(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = torch.nn.functional.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
 
@@ -386,6 +388,8 @@ def main(argv=None):
     st = sub.add_parser("step", help="PyTorch's training step (scripts/bench_cpu.py)")
     st.add_argument("--model", choices=sorted(TORCH_NETS), required=True)
     st.add_argument("--share", required=True, help="the .npz of weights (state.*), x and y")
+    st.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: the forward under torch.autocast('cpu', dtype=torch.bfloat16)")
     sub.add_parser("conv", help="PyTorch's convolution passes (scripts/bench_conv_cpu.py)")
     a = ap.parse_args(argv)
     (step_worker if a.role == "step" else conv_worker)(a)

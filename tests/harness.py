@@ -23,7 +23,9 @@ memory checking and NaN poisoning on):
   in float64, for cases that give a ``torch`` function.
 
 :func:`op_tests` makes the three checks over a module's cases into its pytest
-tests; :class:`FnModule` puts an expression under test at a module path of its
+tests; :func:`run_op` runs one op's forward and backward on given arrays, outside a graph (the
+mixed-precision tests compare an op's staged low-precision passes with its fp32 passes that way);
+:class:`FnModule` puts an expression under test at a module path of its
 own; :func:`step_matches_torch` checks one training step of a whole network
 against the same network in PyTorch.
 """
@@ -224,6 +226,36 @@ def op_tests(cases, dtype_ids=("f64", "f32")):
         check_torch(case)
 
     return test_forward, test_finite_differences, test_against_torch
+
+
+# ------------------------------------------------------- one op outside a graph
+def run_op(op, arrays, gy=None, seed=0, saved_as=None):
+    """(outputs, input gradients) of ``op`` on ``arrays`` on the CPU backend, each pass handed exactly the
+    workspace it asks for and a random stream seeded with ``seed``; the backward (when ``gy``, the first
+    output's gradient, is given) gets the inputs and outputs the op saves and None for the others. With
+    ``saved_as`` (a dtype) each saved floating-point output is rounded through it before the backward
+    reads it, as a low-precision run stores it."""
+    from minidnn.backend.cpu import CPUBackend
+    from minidnn.executor import Context
+    from minidnn.graph import Spec
+    be = CPUBackend()
+    specs = [Spec(a.shape, a.dtype) for a in arrays]
+    out_specs = op.infer(*specs)
+    outs = [np.empty(s.shape, s.dtype) for s in out_specs]
+    op.forward(Context.on(be, np.random.default_rng(seed)), list(arrays), outs,
+               be.empty(op.workspace(specs, out_specs)))
+    if gy is None:
+        return outs, None
+    gins = [None if i in op.no_grad_inputs else np.empty(s.shape, s.dtype) for i, s in enumerate(specs)]
+    ins = [a if i in op.saved_inputs else None for i, a in enumerate(arrays)]
+    saved = [o if i in op.saved_outputs else None for i, o in enumerate(outs)]
+    for o in saved:
+        if saved_as is not None and o is not None and o.dtype.kind == "f":
+            o[...] = o.astype(saved_as)
+    op.backward(Context.on(be, np.random.default_rng(seed)), ins, saved,
+                [np.asarray(gy, out_specs[0].dtype)] + [None] * (len(outs) - 1), gins,
+                be.empty(op.backward_workspace(specs, out_specs)))
+    return outs, gins
 
 
 # ------------------------------------------------------- whole networks vs PyTorch

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 import minidnn as mdn
+from harness import run_op
 from minidnn import nn, optim
 from minidnn.errors import BackendUnavailable, CheckpointError, ConfigError
-from minidnn.executor import Context
-from minidnn.graph import Spec
 from minidnn.ops.conv import Conv2dOp
 from minidnn.ops.linear import LinearOp
 from minidnn.ops.norm import BatchNorm2dOp
@@ -131,27 +130,6 @@ def test_resnet50_b256_memory_bf16_vs_fp32():
 
 
 # -- the staged kernels ------------------------------------------------------------------------
-def _run(op, arrays, out_dtypes_low, backward_gy=None):
-    from minidnn.backend.cpu import CPUBackend
-    be = CPUBackend()
-    ctx = Context.on(be, np.random.default_rng(0))
-    specs = [Spec(a.shape, a.dtype) for a in arrays]
-    outs_specs = op.infer(*specs)
-    outs = [np.empty(s.shape, s.dtype) for s in outs_specs]
-    ws = be.empty(op.workspace(specs, outs_specs))
-    op.forward(ctx, list(arrays), outs, ws)
-    grads = None
-    if backward_gy is not None:
-        gy = backward_gy.astype(outs_specs[0].dtype)
-        gins = [np.empty(s.shape, s.dtype) if i not in op.no_grad_inputs else None for i, s in enumerate(specs)]
-        bws = be.empty(op.backward_workspace(specs, outs_specs))
-        ins = [a if i in op.saved_inputs else None for i, a in enumerate(arrays)]
-        saved = [o if i in op.saved_outputs else None for i, o in enumerate(outs)]
-        op.backward(ctx, ins, saved, [gy] + [None] * (len(outs) - 1), gins, bws)
-        grads = gins
-    return outs, grads
-
-
 CASES = {
     "conv2d": (lambda: Conv2dOp(padding=1), lambda r: [r.standard_normal((2, 4, 5, 5)),
                                                       r.standard_normal((3, 4, 3, 3)) * 0.3], 4 * 9),
@@ -168,10 +146,10 @@ def test_staged_op_forward_and_gradients_within_one_rounding_of_fp32(name, preci
     xs = [a.astype(np.float32).astype(low) for a in inputs(r)]           # the op's low inputs
     wide = [a.astype(np.float32) for a in xs]                            # the same values in fp32
     gy = None
-    (y32,), _ = _run(make(), wide, False)
+    (y32,), _ = run_op(make(), wide)
     gy = r.standard_normal(y32.shape).astype(np.float32).astype(low)
-    (y32,), g32 = _run(make(), wide, False, gy.astype(np.float32))
-    (ylow,), glow = _run(staged(make()), xs, True, gy)
+    (y32,), g32 = run_op(make(), wide, gy.astype(np.float32))
+    (ylow,), glow = run_op(staged(make()), xs, gy)
     assert ylow.dtype == low and all(g.dtype == low for g in glow if g is not None)
     # forward: the fp32 result rounded once (round to nearest even): |err| <= u |y|, and it is exactly that
     assert np.array_equal(ylow, y32.astype(low))
@@ -182,7 +160,7 @@ def test_staged_op_forward_and_gradients_within_one_rounding_of_fp32(name, preci
             assert np.all(np.abs(a.astype(np.float64) - b) <= u * np.abs(b))
     # against unrounded fp32 inputs: + 2u per product, over the reduction length k
     raw = [a.astype(np.float32) for a in inputs(np.random.default_rng(1))]
-    (yraw,), _ = _run(make(), raw, False)
+    (yraw,), _ = run_op(make(), raw)
     bound = u * np.abs(yraw) + 2 * u * k * np.abs(raw[0]).max() * np.abs(raw[1]).max()
     assert np.all(np.abs(ylow.astype(np.float64) - yraw) <= bound)
 
@@ -192,8 +170,8 @@ def test_staged_batchnorm_keeps_fp32_statistics():
     x = r.standard_normal((4, 3, 5, 5)).astype(np.float32)
     params = [np.ones(3, np.float32), np.zeros(3, np.float32), np.zeros(3, np.float32), np.ones(3, np.float32)]
     p2 = [p.copy() for p in params]
-    (y32, m32, s32), _ = _run(BatchNorm2dOp(), [x.astype(BF16).astype(np.float32)] + params, False)
-    (ylow, mlow, slow), _ = _run(staged(BatchNorm2dOp()), [x.astype(BF16)] + p2, True)
+    (y32, m32, s32), _ = run_op(BatchNorm2dOp(), [x.astype(BF16).astype(np.float32)] + params)
+    (ylow, mlow, slow), _ = run_op(staged(BatchNorm2dOp()), [x.astype(BF16)] + p2)
     assert mlow.dtype == slow.dtype == np.float32 and ylow.dtype == BF16
     assert np.array_equal(mlow, m32) and np.array_equal(slow, s32) and np.array_equal(ylow, y32.astype(BF16))
     assert np.array_equal(p2[2], params[2]) and np.array_equal(p2[3], params[3])   # running stats alike

@@ -1,5 +1,8 @@
 """Mixed precision against PyTorch's torch.autocast("cpu") and GradScaler (issue #27, CPU).
 
+fp16: PyTorch 2.13's CPU build runs torch.autocast("cpu", dtype=torch.float16) and
+torch.amp.GradScaler("cpu") (checked here), so the loss-scaling test compares with the real thing.
+
 Tolerances. bfloat16 keeps 8 significant bits: eps = 2^-7, and round to nearest even errs by at
 most u = eps/2 = 2^-8, relatively. Two correct bf16 implementations round the same values at the
 same places, but their fp32 sums run in other orders, so an element near a rounding boundary may
@@ -35,7 +38,7 @@ import minidnn
 from minidnn import nn as mnn
 from minidnn import optim
 from minidnn.precision import is_low
-from networks import make_densenet, make_resnet20, make_vgg11_bn
+from networks import make_densenet, make_lenet, make_resnet20, make_vgg11_bn
 
 torch = pytest.importorskip("torch")
 from torch import nn as tnn  # noqa: E402
@@ -117,3 +120,59 @@ def test_fp32_reference_run_is_not_chaotic():
     _, net, tnet, _, losses = train_both("resnet20", "fp32")
     for ours, theirs in losses:
         assert abs(ours - theirs) <= 1e-5 * abs(theirs)
+
+
+FP16_SHAPE, FP16_STEPS, FORCED = (8, 1, 28, 28), 12, 7
+
+
+def fp16_batch(step):
+    """Step FORCED's batch is scaled by 300: its forward stays finite (logits ~30), but its first
+    convolution's fp16 weight gradient (x times the scaled loss gradient) overflows fp16."""
+    rng = np.random.default_rng(2000 + step)
+    x = rng.standard_normal(FP16_SHAPE).astype(np.float32)
+    return (x * 300 if step == FORCED else x), rng.integers(0, 10, FP16_SHAPE[0])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf - inf in a skipped step
+def test_fp16_skips_the_steps_torch_grad_scaler_skips_with_the_same_scales():
+    """Init scale 2^24 (the scaled gradients overflow fp16 until the scale has halved six times),
+    growth every 3 clean steps, and one forced overflow: minidnn's scaler and torch.amp.GradScaler("cpu")
+    under torch.autocast("cpu", float16) skip the same steps, leave the weights there, and go through the
+    same scales (powers of two: exact in both). No loss or weight tolerance is claimed here."""
+    net = make_lenet(mnn).init_parameters(0)
+    tnet = make_lenet(tnn)
+    tnet.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
+    trainer = minidnn.compile(net, FP16_SHAPE, mnn.CrossEntropyLoss(), optim.SGD(lr=0.01, momentum=0.9),
+                              precision="fp16", trace_every=0)
+    trainer.scaler.scale, trainer.scaler.growth_interval = 2.0 ** 24, 3
+    topt = torch.optim.SGD(tnet.parameters(), lr=0.01, momentum=0.9)
+    tscaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3)
+    ours, theirs = [], []
+    for step in range(FP16_STEPS):
+        x, y = fp16_batch(step)
+        before = {k: np.array(v.data) for k, v in net.named_parameters()}
+        tbefore = {k: p.detach().clone() for k, p in tnet.named_parameters()}
+        scale, skipped = trainer.scaler.scale, trainer.scaler.skipped_steps
+        assert np.isfinite(trainer.step(x, y))
+        skip = trainer.scaler.skipped_steps - skipped
+        assert skip in (0, 1)
+        moved = [not np.array_equal(v.data, before[k]) for k, v in net.named_parameters()]
+        assert (not any(moved)) if skip else all(moved), step
+        ours.append((scale, bool(skip)))
+
+        topt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            tloss = tnn.functional.cross_entropy(tnet(torch.from_numpy(x)), torch.from_numpy(y))
+        assert torch.isfinite(tloss)
+        tscale = tscaler.get_scale()
+        tscaler.scale(tloss).backward()
+        tscaler.step(topt)
+        tscaler.update()
+        tmoved = [not torch.equal(p, tbefore[k]) for k, p in tnet.named_parameters()]
+        assert not any(tmoved) or all(tmoved), step
+        theirs.append((tscale, not any(tmoved)))
+    assert ours == theirs
+    skipped = [s for s, (_, sk) in enumerate(ours) if sk]
+    assert skipped == [0, 1, 2, 3, 4, 5, FORCED]                     # what the setting above forces
+    assert trainer.scaler.scale == tscaler.get_scale() == 2.0 ** 18       # backed off 7 times, grown once
+    assert trainer.scaler.skipped_steps == len(skipped)

@@ -2,7 +2,8 @@
 
 The forward rounds to nearest even (NumPy's float16 and ml_dtypes' bfloat16 casts, as PyTorch's);
 the backward converts the gradient back to the input's dtype, adding into it where a later
-consumer made it first (a weight cast feeding a gradient accumulated over sub-batches)."""
+consumer made it first (a weight cast feeding a gradient accumulated over sub-batches). A value
+beyond float16's range becomes inf without a warning: under fp16 that is the loss scaler's to see."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,10 +26,12 @@ class CastOp(Op):
         return 0.0
 
     def forward(self, ctx, ins, outs, ws):
-        ctx.xp.copyto(outs[0], ins[0], casting="unsafe")
+        with np.errstate(over="ignore"):
+            ctx.xp.copyto(outs[0], ins[0], casting="unsafe")
 
     def backward(self, ctx, ins, outs, gouts, gins, ws):
-        if 0 in ctx.accumulate:
-            ctx.xp.add(gins[0], gouts[0], out=gins[0], casting="unsafe")
-        else:
-            ctx.xp.copyto(gins[0], gouts[0], casting="unsafe")
+        with np.errstate(over="ignore"):
+            if 0 in ctx.accumulate:
+                ctx.xp.add(gins[0], gouts[0], out=gins[0], casting="unsafe")
+            else:
+                ctx.xp.copyto(gins[0], gouts[0], casting="unsafe")
