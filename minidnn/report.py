@@ -75,10 +75,10 @@ def step_splits(net, input_shape, precision="fp32"):
     return splits(net, input_shape, _loss_for(net, input_shape), SGD(lr=0.1, momentum=0.9), precision=precision)
 
 
-def sub_batch_schedules(net, input_shape):
+def sub_batch_schedules(net, input_shape, precision="fp32"):
     """b -> (schedule of a sub-batch of b samples adding its gradients, the update alone): the
     step of :func:`training_schedule` split into sub-batches (see memory.subbatch)."""
-    return step_splits(net, input_shape).sub
+    return step_splits(net, input_shape, precision).sub
 
 
 def _input_shape(name, batch_size, image_size):

@@ -1,7 +1,7 @@
 """Memory plans of ImageNet networks on GPU profiles: planning only, no kernels run.
 
     python scripts/bench_memory.py [--profiles titanx-12gb,v100-16gb] [--budgets 12GiB,16GiB] [--deepest]
-    python scripts/bench_memory.py --tight-only --tight-profiles a100-sxm4-80gb,h100-sxm5-80gb --precision tf32
+    python scripts/bench_memory.py --tight-only --tight-profiles a100-sxm4-80gb,h100-sxm5-80gb --precision tf32|bf16
 
 For each network and batch: ideal (no reuse), liveness peak, lower bound, and
 at each budget the plan peak and the predicted step time relative to
@@ -52,13 +52,14 @@ def gib(n):
     return f"{n / 2**30:.2f}"
 
 
-def row(name, batch, profiles, budgets, bound=False):
+def row(name, batch, profiles, budgets, bound=False, precision="fp32"):
     with shapes_only():
         net = models.get(name)
     shape = (batch, 3, 224, 224)
-    _, sched = training_schedule(net, shape)
+    _, sched = training_schedule(net, shape, precision)
     # without BatchNorm a split step means the same (sub_batching="fastest" may take it)
-    split = None if any(isinstance(m, nn.BatchNorm2d) for m in net.modules()) else sub_batch_schedules(net, shape)
+    split = (None if any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
+             else sub_batch_schedules(net, shape, precision))
     cells = []
     base = None
     for prof in profiles:
@@ -158,14 +159,15 @@ def train_below_minimum(batch=32, steps=6):
               f"(<= budget: {t.measured_peak_bytes <= budget}), {time.perf_counter() - t0:.2f} s")
 
 
-def table(cases, profiles, budgets, heads, bound=False):
+def table(cases, profiles, budgets, heads, bound=False, precision="fp32"):
     """One markdown table: a row per (network, batch) of ``cases``, a cell per profile and budget
-    (``bound``: with the floor under every plan's step time there, memory/bound.py)."""
+    (``bound``: with the floor under every plan's step time there, memory/bound.py), each step traced
+    in ``precision`` (bf16/fp16: mixed precision's 2-byte activations)."""
     print("| network | batch | ideal | liveness peak | lower bound | " + " | ".join(heads) + " |")
     print("|---" * (5 + len(heads)) + "|")
     t0 = time.perf_counter()
     for name, batch in cases:
-        print(row(name, batch, profiles, budgets, bound), flush=True)
+        print(row(name, batch, profiles, budgets, bound, precision), flush=True)
     print(f"\nplanned in {time.perf_counter() - t0:.1f} s")
 
 
@@ -176,7 +178,8 @@ def main():
     ap.add_argument("--fractions", default="50%,25%", help="the tight table's budgets, of the liveness peak")
     ap.add_argument("--tight-profiles", default=TIGHT_PROFILES)
     ap.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
-                    help="the tight table's math (tf32: convolutions and GEMMs on the profiles' tensor cores)")
+                    help="the tight table's precision (tf32: convolutions and GEMMs on the profiles' tensor "
+                         "cores; bf16/fp16: mixed precision, 2-byte activations, fp32 master weights)")
     ap.add_argument("--tight-only", action="store_true", help="the tight table alone")
     ap.add_argument("--deepest", action="store_true")
     ap.add_argument("--train", action="store_true", help="also train VGG-11 (CPU) below its full-batch minimum")
@@ -191,7 +194,8 @@ def main():
     fractions = [float(f.strip("%")) / 100 for f in args.fractions.split(",")]
     print(f"\nat a fraction of the liveness peak, {args.precision} (targets: at most +3% at 50%, +33% at 25%); "
           "bound: the least any plan can take there (memory/bound.py)")
-    table(TIGHT, tight, fractions, [f"{p} @ {f:.0%}" for p in names for f in fractions], bound=True)
+    table(TIGHT, tight, fractions, [f"{p} @ {f:.0%}" for p in names for f in fractions], bound=True,
+          precision=args.precision)
     if args.tight_only:
         return
     with shapes_only():
