@@ -34,7 +34,9 @@ exactly that decision vector, and a row keeps the MILP to modelled times below t
 kept. The search ends when the fastest plan is no slower than the MILP's bound (it is then
 optimal over the decision space: every plan left is modelled, so simulated, at least as slow),
 when the MILP has no solution left (the same), or on the time limit: then it reports the proven
-lower bound and the gap, never "optimal".
+lower bound and the gap, never "optimal". The floor (bound.py), under every plan within the
+budget, is a bound from the start: a heuristic plan at the floor is optimal without a solve, and
+where the MILP proves less before its time runs out, the floor is the bound reported.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from scipy import sparse
 
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
+from .bound import step_time_floor
 from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
 from .optimal_cuts import cut_terms, large_threshold
@@ -229,11 +232,17 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=60.0, o
             heuristic = None
     model = Model(schedule, cost, touch, options, offload, hints_of(heuristic) if hinted else {}, timings)
     search = _Search(schedule, cost, touch, options, budget, heuristic, least, model)
-    solves, bound = [], None
+    # the floor (bound.py) is under every plan within the budget: a plan at it is optimal unsolved,
+    # and a search the time limit stops keeps it as its bound where the MILP has proven less
+    floor = step_time_floor(schedule, budget, cost).seconds
+    solves, bound, stop = [], None, "Optimal"
+    if math.isinf(floor) or (search.best is not None and search.best.simulation.seconds <= floor * (1 + TOLERANCE)):
+        bound = floor if search.best is None else min(floor, search.best.simulation.seconds)
     proven = 0.0          # a lower bound on the modelled time of every decision left: each solve's rises
     while bound is None:
         sol = search.solve(time_limit - (time.perf_counter() - began))
         solves.append(sol.seconds)
+        stop = sol.status
         proven = max(proven, sol.bound)
         best = search.best
         if sol.x is None:                         # nothing left (a proof), or out of time
@@ -248,6 +257,7 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=60.0, o
         elif best is not None and best.simulation.seconds <= sol.objective * (1 + TOLERANCE):
             bound = min(sol.objective, best.simulation.seconds)   # nothing left is modelled faster
     best = search.best
+    bound = max(bound, floor) if best is None else min(max(bound, floor), best.simulation.seconds)
     optimal = best is None and math.isinf(bound) or (
         best is not None and best.simulation.seconds <= bound * (1 + TOLERANCE))
     if best is not None:
@@ -255,7 +265,7 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=60.0, o
     seen = model.evaluate(best.evictions or {}, best.algos or {}) if best is not None else None
     return Reference(best, heuristic, bound, optimal, search.candidates, search.misplaced,
                      seen.seconds if seen is not None else None, tuple(solves), time.perf_counter() - began,
-                     sol.status)
+                     stop)
 
 
 class _Search:
