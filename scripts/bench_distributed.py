@@ -2,7 +2,7 @@
 
     python scripts/bench_distributed.py measure [--ranks 1 2] [--batch 64] [--steps 5]
     python scripts/bench_distributed.py predict [--models resnet50,resnet152,vgg16]
-        [--systems v100-pcie3,a100-nvlink] [--ranks 1,2,4,8] [--batch 64] [--json] [--anchor]
+        [--systems v100-pcie3,a100-nvlink] [--ranks 1,2,4,8] [--batch 64] [--precision fp32] [--json] [--anchor]
 
     python scripts/bench_distributed.py measure [--ranks 1 2] [--batch 64] [--steps 5]
 
@@ -45,7 +45,7 @@ from minidnn import models  # noqa: E402
 from minidnn.distributed.buckets import gradient_buckets  # noqa: E402
 from minidnn.memory import MemoryConfig, plan_memory  # noqa: E402
 from minidnn.memory.dataparallel import predict  # noqa: E402
-from minidnn.memory.profiles import SYSTEMS  # noqa: E402
+from minidnn.memory.profiles import PRECISIONS, SYSTEMS  # noqa: E402
 from minidnn.report import shapes_only, training_schedule  # noqa: E402
 
 
@@ -54,15 +54,17 @@ TARGETS = {2: 1.9, 4: 3.8, 8: 8 * 0.9}   # ResNet-50 speed-ups asked for at 50% 
 HOROVOD = {"resnet101": 0.90, "vgg16": 0.68}   # measured efficiency on 512 GPUs (Sergeev & Del Balso 2018)
 
 
-def predicted(name, batch, systems, ranks):
-    """Rows (dict) of one network: per system and budget, the prediction at each rank count."""
+def predicted(name, batch, systems, ranks, precision="fp32"):
+    """Rows (dict) of one network: per system and budget, the prediction at each rank count, the step
+    traced and timed in ``precision`` (mixed precision reduces its fp32 master gradients, as DDP
+    under autocast does)."""
     with shapes_only():
         net = models.get(name)
-    _, schedule = training_schedule(net, (batch, 3, 224, 224))
+    _, schedule = training_schedule(net, (batch, 3, 224, 224), precision)
     buckets = [b.grads for b in gradient_buckets(schedule)]
     rows = []
     for sysname in systems:
-        system = SYSTEMS[sysname]
+        system = SYSTEMS[sysname].at_precision(precision)
         for label, budget in BUDGETS.items():
             plan = plan_memory(schedule, MemoryConfig(budget=budget, profile=system.device))
             row = {"model": name, "batch_per_gpu": batch, "system": sysname, "budget": label,
@@ -113,11 +115,13 @@ def horovod_anchor(batch) -> list:
 def run_predict(args) -> int:
     ranks = [int(n) for n in args.ranks.split(",")]
     systems = args.systems.split(",")
-    rows = [row for name in args.models.split(",") for row in predicted(name, args.batch, systems, ranks)]
+    rows = [row for name in args.models.split(",")
+            for row in predicted(name, args.batch, systems, ranks, args.precision)]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"(b) predicted, {args.batch} images per GPU at 224x224; speed-up N t1 / tN (weak scaling)")
+    print(f"(b) predicted, {args.batch} images per GPU at 224x224, {args.precision}; speed-up N t1 / tN "
+          "(weak scaling)")
     print(table(rows, ranks))
     print("anchors: moDNN 1.84x on 2 GPUs, 3.7x on 4; Horovod 90% (ResNet-101, Inception V3), 68% (VGG-16)")
     if args.anchor:
@@ -225,6 +229,8 @@ def main(argv=None):
     r.add_argument("--systems", default="v100-pcie3,a100-nvlink", help=f"of {', '.join(SYSTEMS)}")
     r.add_argument("--ranks", default="1,2,4,8")
     r.add_argument("--batch", type=int, default=64, help="images per GPU")
+    r.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
+                   help="the step's precision (bf16/fp16: mixed precision; the gradients reduced in fp32)")
     r.add_argument("--json", action="store_true")
     r.add_argument("--anchor", action="store_true",
                    help="also ResNet-101 and VGG-16 on 512 GPUs of Horovod's cluster profile (p100-128x4-25g)")

@@ -271,6 +271,8 @@ SYSTEMS = {s.name: s for s in [
     # the A100 SXM4 40 GB has the PCIe card's FP32 peak, memory bandwidth and PCIe 4.0 host link
     SystemProfile("a100-nvlink", "8x A100 40 GB SXM4 on NVLink 3 / NVSwitch (a DGX A100)",
                   PROFILES["a100-40gb"], 8, LINKS["nvlink3"]),
+    SystemProfile("a100-sxm4-nvlink", "8x A100 80 GB SXM4 on NVLink 3 / NVSwitch (a DGX A100 80GB)",
+                  PROFILES["a100-sxm4-80gb"], 8, LINKS["nvlink3"]),
     SystemProfile("a100-2x8-100g", "2 nodes x 8 A100 40 GB on NVLink 3, nodes over 100 Gb/s",
                   PROFILES["a100-40gb"], 8, LINKS["nvlink3"], LINKS["net100g"], nodes=2),
     # Horovod's anchor: "128 servers with 4 Pascal GPUs each connected by RoCE-capable 25 Gbit/s network"
