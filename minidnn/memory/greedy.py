@@ -156,6 +156,7 @@ class Greedy:
         self.asked = defaultdict(set)               # tensor -> steps whose chain walk asked about it
         self.runs = defaultdict(set)                # schedule step -> steps whose chain recomputes it
         self.walked = {}                            # step -> (asked, recomputed) of its chain
+        self.trials = TrialWalks()                  # the chains candidates' trials walked, while still valid
         self.current = dict(self.algos)
         # with nothing evicted every value a step reads is on the device: no step has a chain yet
         self.live = self.step_live.copy()
@@ -347,6 +348,7 @@ class Greedy:
         if swap is not None and (best is None or swap[0] <= best[0]):
             _, freed, algo = swap
             self.current[s] = algo
+            self.trials.changed_step(s)
             self.step_live[s] -= freed
             for c in list(self.runs.get(s, ())):
                 self._rewalk(c)
@@ -370,7 +372,7 @@ class Greedy:
         again = {c for c in self.asked.get(t, ()) if c > a}
         if kind == "recompute":
             again.add(b)
-        walks = {c: self.walk(c) for c in again}
+        walks = {c: self.trials.walk(self, c, k, kind) for c in again}
         del self.evicted[t][g]
         if not self.evicted[t]:
             del self.evicted[t]
@@ -388,6 +390,7 @@ class Greedy:
         """Evict row ``k`` by ``kind``, its changed chains walked already (``walks``)."""
         t, g, a, b, size = self.rows[k]
         self.evicted[t][g] = kind
+        self.trials.changed_tensor(t)
         self.taken[k] = True
         if kind == "offload":
             self.copy_used += self.xfer[k]
@@ -430,6 +433,47 @@ class Greedy:
         everything = np.ones(len(self.rows), bool)
         _, is_off = self._costs(everything)
         return {(r[0], r[1]): Evict("offload" if o else "recompute") for r, o in zip(self.rows, is_off)}
+
+
+class TrialWalks:
+    """The chains a candidate's trial walks (:meth:`Greedy.walk` of step ``c`` with row ``k`` evicted
+    by ``kind``), kept until something they depend on changes: a walk is a function of the answers
+    to the questions it asked (whether each tensor it asked about is on the device or the host,
+    from that tensor's evicted gaps) and of the algorithms of the steps it recomputes (their
+    workspaces), so it stays valid until a decision evicts a gap of a tensor it asked about or
+    changes the algorithm of a step it runs. The greedy costs the same few candidates at decision
+    after decision, and each decision changes few of their chains: walked once each, not once per
+    decision (on deep networks, whose chains are long, the walks were nearly all of the greedy)."""
+
+    def __init__(self):
+        self.kept = {}                      # (c, k, kind) -> the walk
+        self.by_tensor = defaultdict(set)   # tensor -> keys of the walks that asked about it
+        self.by_step = defaultdict(set)     # schedule step -> keys of the walks that recompute it
+
+    def walk(self, greedy, c, k, kind):
+        """``greedy.walk(c)`` (the trial's eviction of row ``k`` by ``kind`` in place), or the walk
+        kept from before, still valid."""
+        key = (c, k, kind)
+        out = self.kept.get(key)
+        if out is None:
+            out = self.kept[key] = greedy.walk(c)
+            for u in out[2]:
+                self.by_tensor[u].add(key)
+            for i in out[3]:
+                self.by_step[i].add(key)
+        return out
+
+    def changed_tensor(self, t):
+        """A gap of ``t`` was evicted: the walks that asked about it are walked again when asked for.
+        (A key indexed under another tensor too may be dropped again later, after it was walked
+        anew: that walk is then only repeated, never kept stale.)"""
+        for key in self.by_tensor.pop(t, ()):
+            self.kept.pop(key, None)
+
+    def changed_step(self, s):
+        """Step ``s`` runs another algorithm: the walks that recompute it are walked again."""
+        for key in self.by_step.pop(s, ()):
+            self.kept.pop(key, None)
 
 
 def _cheapest_first(ratio, head=16):

@@ -64,3 +64,15 @@ class Knobs:
     # on h100: the best alone +3.15%, four +3.08%, eight +2.93% (the 10%-room seed's plan), twelve
     # no better; v100 +2.81% from four on (planning only).
     finish_plans: int = 8
+    # The search keeps the plans of this many distinct decisions (planner.Builds), each with its
+    # lowering (a few MB on a staged iteration of thousands of steps): the repairs ask for the same
+    # decisions again, mostly within the same seed's repairs. ResNet-18 b512 @ 30% on titanx, staged
+    # as 2 x 256: 920 lowerings, 306 of them distinct, 9.6 -> 3.0 s CPU (64 kept: 338 lowered).
+    # 0: none kept.
+    kept_builds: int = 64
+    # The search's lowerings record their state this many times, evenly over the schedule
+    # (program.lower's ``checkpoints``), and a new lowering starts from the last checkpoint it shares
+    # with a kept one (the copy timing's trials of one plan share about two thirds of their pass on
+    # ResNet-18 b512's staged iterations: 4 x 128 @ 30% on titanx 22.7 -> 15.4 s CPU). Copying the
+    # state is O(live tensors) per checkpoint; ResNet-1001 (10040 steps) plans as fast. 0: none.
+    lowering_checkpoints: int = 32

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+from collections import OrderedDict
 
 from ..errors import MemoryBudgetError
 from ..schedule import aligned
@@ -70,12 +71,14 @@ def lower_bound(schedule, algos=None) -> int:
 
 def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
               program=None, simulation=None, keep_within=0, arena_limit=None, liveness=None, least=None,
-              baseline_algos=None) -> Plan:
+              baseline_algos=None, base=None, checkpoints=0) -> Plan:
     """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
     is that replay already, or the arena exceeds ``arena_limit``) ``evictions`` with ``algos``; the
     Plan (not yet checked against a budget). ``liveness``, ``least``: the schedule's liveness peak and
-    lower bound (the liveness peak is this plan's own where nothing is evicted)."""
-    program = program if program is not None else lower(schedule, evictions, touch, algos, keep_within)
+    lower bound (the liveness peak is this plan's own where nothing is evicted). ``base``,
+    ``checkpoints``: as program.lower's (the same Program, sooner)."""
+    program = program if program is not None else lower(schedule, evictions, touch, algos, keep_within, base,
+                                                         checkpoints)
     offsets, arena, how = place_program(program)
     persistent = schedule.persistent_bytes
     if liveness is None and not evictions:
@@ -138,9 +141,10 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
             return base
     policy = config.policy_object()
 
-    def build(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None):
+    def make(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None, base=None):
         return make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
-                         keep_within, arena_limit, liveness, least_bytes, quick)
+                         keep_within, arena_limit, liveness, least_bytes, quick, base, knobs.lowering_checkpoints)
+    build = Builds(make, knobs.kept_builds)
 
     problem = Problem(schedule, cost, touch, budget - schedule.persistent_bytes, options, quick, build,
                       baseline.seconds, knobs)
@@ -159,6 +163,36 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
             f"own minimum is {format_bytes(least.peak_bytes)} ({least.peak_bytes} B): use policy 'auto' or a "
             f"larger budget", least.peak_bytes, budget)
     return dataclasses.replace(least, log=tuple(search.log))
+
+
+class Builds:
+    """``make(evictions, algos, program, simulation, keep_within, arena_limit, base)`` (make_plan for one
+    problem) with the last ``size`` distinct decisions (evictions, algorithms, horizon) kept: the
+    search's repairs ask for the same decisions again and again (the copy timing of a plan that
+    two repairs start from, the seeds whose plans end alike; a third of ResNet-18 b512's staged
+    iteration's trials were new), and a lowering, its placement and its replay depend on those
+    decisions alone. Each call returns a Plan of its own, equal to what ``make`` returns: replayed
+    where ``arena_limit`` allows it (a kept plan that was not is replayed now), not replayed where
+    it does not. ``base``: a Program whose lowering that of ``ev`` may start from (program.lower's:
+    the plan a repair's trials change a few decisions of)."""
+
+    def __init__(self, make, size):
+        self.make, self.size = make, size
+        self.kept = OrderedDict()           # decisions -> the Plan made for them, least recent first
+
+    def __call__(self, ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None, base=None):
+        key = (frozenset(ev.items()), frozenset((algos or {}).items()), keep_within)
+        plan = self.kept.get(key)
+        replay = arena_limit is None or plan is None or plan.arena_bytes <= arena_limit
+        if plan is None or (replay and plan.simulation is None):
+            plan = self.make(ev, algos, program if plan is None else plan.program,
+                             simulation, keep_within, arena_limit, base)
+            self.kept[key] = plan
+            if len(self.kept) > self.size:
+                self.kept.popitem(last=False)
+        else:
+            self.kept.move_to_end(key)
+        return dataclasses.replace(plan, simulation=plan.simulation if replay else None)
 
 
 def unlimited_seconds(schedule, config: MemoryConfig = None, cost=None) -> float:

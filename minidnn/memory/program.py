@@ -61,6 +61,7 @@ class Program:
     host_bytes: int = 0
     origin: list = field(default_factory=list)  # step index -> the schedule step it runs (-1 for copies)
     tensor_bytes: np.ndarray = None   # aligned bytes by tensor id, set by the lowering
+    resume: object = None             # a Resume: where a lowering of other decisions may start from this one
 
     @cached_property
     def buffers(self) -> tuple:
@@ -104,7 +105,63 @@ def touches(schedule) -> Touches:
     return out
 
 
-def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0) -> Program:
+@dataclass(frozen=True)
+class Checkpoint:
+    """The lowering's state as schedule step ``step`` begins: how long its lists were, its open
+    residencies (tensor -> residency index) with their ends then, and the host store."""
+
+    step: int
+    steps: int
+    residencies: int
+    tensors: int
+    offloads: int
+    cur: dict
+    ends: tuple
+    host_valid: frozenset
+    host_slots: dict
+    host_bytes: int
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What lowering other decisions from one of a Program's checkpoints needs: the decisions it was
+    lowered from, the program step of each schedule step (``at``), each offload that freed its
+    buffer after a copy (residency index, its end when freed, before any hold; the schedule step it
+    follows; its decision's key), and the checkpoints."""
+
+    evictions: dict
+    algos: dict
+    keep_within: int
+    at: list
+    offloads: list
+    checkpoints: tuple
+
+
+def shared_steps(touch, old, new, n) -> int:
+    """The schedule steps (from the first) that lowering the decisions ``new`` runs exactly as
+    lowering ``old`` did, up to the holds of their offloads (``delay``, applied after the pass): the
+    first step that a decision in one and not the other, or another kind, or an offload issued
+    elsewhere or prefetched before another step, acts at (``n``: none)."""
+    first = n
+    for key, ev in new.items():
+        was = old.get(key)
+        if was == ev:
+            continue
+        ts = touch[key[0]]
+        a = ts[key[1]]
+        if was is None or was.kind != ev.kind or was.early != ev.early or ev.kind != "offload":
+            first = min(first, a)
+            continue
+        b = ts[key[1] + 1]
+        f, g = max(a + 1, b - was.lead), max(a + 1, b - ev.lead)
+        if f != g:
+            first = min(first, f, g)
+    for key in old.keys() - new.keys():
+        first = min(first, touch[key[0]][key[1]])
+    return first
+
+
+def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0, base=None, checkpoints=0) -> Program:
     """Build the Program for ``evictions``: {(tensor id, gap index): Evict}, running each
     schedule step i with algorithm ``algos[i]`` (an ops.base.Algo) where given.
 
@@ -112,9 +169,15 @@ def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0) -> P
     input is then dropped again, unless its own next use is at most ``keep_within`` schedule
     steps away: then it stays until that use, which saves recomputing the chain once more
     (a segment of recomputed layers is recomputed once, not once per layer, at the cost of
-    holding it through its backward)."""
+    holding it through its backward).
+
+    ``checkpoints``: how many times (evenly over the schedule) the pass records its state, so that a
+    later lowering may start from it; ``base``: such a Program of this schedule and touches, whose
+    pass the lowering of ``evictions`` repeats from its last checkpoint that :func:`shared_steps`
+    allows (with the same algorithms and horizon) instead of from the first step. The Program is
+    the same either way (tests/test_planning_time_lowering.py)."""
     return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule), algos or {},
-                     keep_within).run()
+                     keep_within, checkpoints).run(base)
 
 
 def recompute_seconds(t, at, touch, producer, secs, tensors) -> float:
@@ -249,8 +312,13 @@ _step_fields = operator.attrgetter(*(f.name for f in fields(Step)))   # a Step's
 
 
 class _Lowering:
-    def __init__(self, schedule, evictions, touch, algos, keep_within=0):
+    def __init__(self, schedule, evictions, touch, algos, keep_within=0, checkpoints=0):
         self.sched, self.touch, self.algos, self.keep_within = schedule, touch, algos, keep_within
+        self.evictions = evictions
+        n = len(schedule.steps)
+        self.stride = max(1, -(-n // checkpoints)) if checkpoints else 0   # schedule steps between checkpoints
+        self.checkpoints = []
+        self.offloads = []                    # (residency, its end when freed, schedule step, key): see Resume
         self.now = 0                          # the schedule step being lowered
         self.tensors = list(schedule.tensors)
         self.steps, self.res, self.origin = [], [], []
@@ -268,7 +336,7 @@ class _Lowering:
         self.prefetch_at = defaultdict(list)  # schedule step -> [tensor] prefetched before it
         for (t, gap), ev in sorted(evictions.items()):
             a, b = touch[t][gap], touch[t][gap + 1]
-            self.after[a].append((t, ev))
+            self.after[a].append((t, ev, gap))
             if ev.kind == "offload" and ev.early:
                 if t in schedule.steps[a].writes or t in schedule.steps[a].updates:
                     raise ValueError(f"an early offload of {self.tensors[t].name} with step {a}, which writes it")
@@ -366,13 +434,53 @@ class _Lowering:
         k = bisect.bisect_right(ts, self.now)
         return u not in needed and (k == len(ts) or ts[k] - self.now > self.keep_within)
 
+    # -- resuming ---------------------------------------------------------------
+    def checkpoint(self, step):
+        cur = dict(self.cur)
+        self.checkpoints.append(Checkpoint(step, len(self.steps), len(self.res), len(self.tensors),
+                                           len(self.offloads), cur, tuple(self.res[k].end for k in cur.values()),
+                                           frozenset(self.host_valid), dict(self.host_slots), self.host_bytes))
+
+    def resume(self, base) -> int:
+        """Take the state of ``base``'s (a Program's) last checkpoint that lowering these decisions
+        shares; the schedule step to go on from (0: none shared)."""
+        r = base.resume if base is not None else None
+        if r is None or r.keep_within != self.keep_within or r.algos != self.algos:
+            return 0
+        shared = shared_steps(self.touch, r.evictions, self.evictions, len(self.sched.steps))
+        at = bisect.bisect_right([c.step for c in r.checkpoints], shared) - 1
+        if at < 0:
+            return 0
+        c = r.checkpoints[at]
+        self.checkpoints = list(r.checkpoints[:at + 1])
+        self.steps, self.origin, self.at = base.steps[:c.steps], base.origin[:c.steps], r.at[:c.step]
+        self.tensors = base.tensors[:c.tensors]
+        self.ws_bytes = base.tensor_bytes[len(self.sched.tensors):c.tensors].tolist()
+        res = self.res = base.residencies[:c.residencies]
+        for k, end in zip(c.cur.values(), c.ends):      # open then: their own copies, as they were then
+            q = res[k]
+            res[k] = Residency(q.tensor, q.start, end, q.origin)
+        self.offloads = r.offloads[:c.offloads]
+        for k, end, a, key in self.offloads:            # freed after a copy: held as these decisions hold them
+            q, delay = res[k], self.evictions[key].delay
+            res[k] = Residency(q.tensor, q.start, end, q.origin, q.wait_offload, delay)
+            if delay:
+                self.holds.append((res[k], a + delay))
+        self.cur, self.host_valid = dict(c.cur), set(c.host_valid)
+        self.host_slots, self.host_bytes = dict(c.host_slots), c.host_bytes
+        return c.step
+
     # -- the pass -------------------------------------------------------------
-    def run(self) -> Program:
+    def run(self, base=None) -> Program:
+        start = self.resume(base)
         tensors, touch, cur, res = self.tensors, self.touch, self.cur, self.res
         algos, after, prefetch_at, keep_to_end = self.algos, self.after, self.prefetch_at, self.keep_to_end
         arena = touch.by_step if isinstance(touch, Touches) else _arena_touches(self.sched, tensors)
-        for s, touched in zip(self.sched.steps, arena):
+        stride = self.stride
+        for s, touched in zip(self.sched.steps[start:], arena[start:]):
             now = self.now = s.index
+            if stride and now % stride == 0 and now > start:
+                self.checkpoint(now)
             for t in prefetch_at.get(now, ()):
                 if t not in cur:
                     self.prefetch(t)
@@ -400,9 +508,9 @@ class _Lowering:
             if s.writes or s.updates:
                 self.host_valid.difference_update(s.writes)
                 self.host_valid.difference_update(s.updates)
-            for t, ev in after.get(now, ()):
+            for t, ev, gap in after.get(now, ()):
                 if ev.kind == "offload":
-                    self.offload(t, i, ev, issued.get(t))
+                    self.offload(t, i, ev, issued.get(t), gap)
                 else:
                     self.close(t, i)
             for t in touched:                 # close (its residency ends at i already) after the last use
@@ -413,7 +521,10 @@ class _Lowering:
             self.close(t, last)
         self._apply_delays()
         nbytes = np.concatenate([self.sched.tensor_bytes, np.array(self.ws_bytes, np.int64)])
-        return Program(self.steps, tensors, self.res, self.host_slots, self.host_bytes, self.origin, nbytes)
+        resume = (Resume(dict(self.evictions), dict(self.algos), self.keep_within, self.at, self.offloads,
+                         tuple(self.checkpoints)) if self.stride else None)
+        return Program(self.steps, tensors, self.res, self.host_slots, self.host_bytes, self.origin, nbytes,
+                       resume)
 
     def issue(self, t) -> int:
         """Emit the copy of ``t`` to its host slot (valid until ``t`` is written again); its index."""
@@ -424,14 +535,16 @@ class _Lowering:
             self.host_bytes += aligned(self.tensors[t].nbytes)
         return j
 
-    def offload(self, t, i, ev, issued=None):
+    def offload(self, t, i, ev, issued=None, gap=None):
         """Free ``t`` after program step ``i`` (the touch that opens its gap), once its copy is done:
         the copy ``issued`` before that step (an early offload), or one issued now."""
         if issued is None and t in self.host_valid:   # an up-to-date host copy exists: just drop it
             self.close(t, i)
             return
         j = issued if issued is not None else self.issue(t)
+        k = self.cur[t]
         r = self.close(t, max(i, j))
+        self.offloads.append((k, r.end, self.now, (t, gap)))
         r.wait_offload, r.delay = j, ev.delay
         if ev.delay:
             self.holds.append((r, self.now + ev.delay))

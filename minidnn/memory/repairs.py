@@ -26,9 +26,11 @@ class Step:
     stalled: bool = True      # whether the last offload trade still stalled (or found nothing)
 
     def plan_fn(self, plan):
-        """Decisions -> the placed plan, replayed only where it fits, with ``plan``'s algorithms."""
+        """Decisions -> the placed plan, replayed only where it fits, with ``plan``'s algorithms (its
+        lowering resumed from ``plan``'s where they share the first steps: program.lower's ``base``)."""
         p = self.problem
-        return lambda ev: p.build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=p.limit)
+        return lambda ev: p.build(ev, plan.algos, keep_within=plan.keep_within, arena_limit=p.limit,
+                                  base=plan.program)
 
     def behind(self, plan) -> bool:
         return self.beat is not None and plan.simulation.seconds >= self.beat
@@ -165,7 +167,8 @@ class KeepRecomputed:
             if sched.tensor_bytes[key[0]] > p.limit - best.arena_bytes:
                 continue                 # no room for it in the arena as placed now
             evictions = {k: ev for k, ev in best.evictions.items() if k != key}
-            kept = p.build(evictions, best.algos, keep_within=best.keep_within, arena_limit=p.limit)
+            kept = p.build(evictions, best.algos, keep_within=best.keep_within, arena_limit=p.limit,
+                           base=best.program)
             if kept.arena_bytes <= p.limit and kept.simulation.seconds < best.simulation.seconds:
                 best = kept
         return None if best is plan else best

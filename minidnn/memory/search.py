@@ -48,7 +48,7 @@ class Trial:
 class Problem:
     """What is fixed while planning: schedule, cost model, touches, arena limit, algorithm options,
     the fastest algorithms, ``build(evictions, algos, program, simulation, keep_within,
-    arena_limit) -> Plan`` and the unlimited step's predicted seconds."""
+    arena_limit, base) -> Plan`` (planner.Builds) and the unlimited step's predicted seconds."""
 
     schedule: object
     cost: object
@@ -280,7 +280,8 @@ class Search:
                 return None, None
             key = (frozenset(ev.items()), frozenset(chosen.items()), keep_within)
             if key not in memo:                  # (a fixed rule answers every target alike)
-                program = lower(p.schedule, ev, p.touch, chosen, keep_within)
+                program = lower(p.schedule, ev, p.touch, chosen, keep_within,
+                                checkpoints=p.knobs.lowering_checkpoints)
                 memo[key] = [program, int(memory_curve(program).max(initial=0)), None, None]
             entry = memo[key]
             program, live, sim, plan = entry
