@@ -151,7 +151,7 @@ class Plan:
                  f"{len(self.offsets)} arena buffers",
                  f"  ideal (no reuse)   {f(self.ideal_bytes):>12}  ({self.ideal_bytes} B)",
                  f"  liveness peak      {f(self.liveness_peak_bytes):>12}  ({self.liveness_peak_bytes} B)"]
-        precision = getattr(self.schedule.graph, "precision", None)
+        precision = self.schedule.graph.precision
         if precision is not None and precision.name != "fp32":
             lines.insert(1, f"  {precision.describe()}")
         if self.lower_bound_bytes is not None:
