@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,8 +198,11 @@ class Executor:
         """
         b = self.bind(plan)
         rec = recorder if recorder is not None and recorder.begin(t) else None
+        # fp16: a scaled gradient that overflows is the loss scaler's to find (the step is skipped),
+        # not a warning from every kernel that meets the inf
+        quiet = np.errstate(over="ignore", invalid="ignore") if ctx.scaling is not None else nullcontext()
         try:
-            with self.backend.compute_scope():
+            with self.backend.compute_scope(), quiet:
                 return self._run(plan, b, ctx, feeds, optimizer, t, profile,
                                  _Tracing(rec, plan, self) if rec is not None else None, txn)
         except BaseException:
