@@ -69,9 +69,7 @@ class Staged:
 
     def native_algorithms(self, in_specs, out_specs, pass_) -> list:
         """The op's own algorithms at its low dtypes, as a kernel that reads them lists them: no staging."""
-        plain = object.__new__(type(self).__bases__[1])      # the op's own class (_staged_class)
-        plain.__dict__.update(self.__dict__)
-        return plain.algorithms(in_specs, out_specs, pass_)
+        return unstaged(self).algorithms(in_specs, out_specs, pass_)
 
     def fused(self, consumer):
         return None          # a fused recomputation's extra operand would need staging of its own
@@ -159,10 +157,17 @@ def _staged_class(cls):
     return type(f"Staged{cls.__name__}", (Staged, cls), {})
 
 
-def staged(op):
-    """``op`` as its staged variant (a new op of a subclass of its class, with its attributes)."""
-    if isinstance(op, Staged):
-        return op
-    new = object.__new__(_staged_class(type(op)))
+def _as(cls, op):
+    new = object.__new__(cls)
     new.__dict__.update(op.__dict__)
     return new
+
+
+def staged(op):
+    """``op`` as its staged variant (a new op of a subclass of its class, with its attributes)."""
+    return op if isinstance(op, Staged) else _as(_staged_class(type(op)), op)
+
+
+def unstaged(op):
+    """A staged ``op`` as an op of its own class again (with its attributes)."""
+    return _as(type(op).__bases__[1], op) if isinstance(op, Staged) else op
