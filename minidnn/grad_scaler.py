@@ -46,8 +46,14 @@ class StepScaling:
         for g in grads:
             g *= inv.astype(g.dtype)
             finite = finite and bool(xp.isfinite(g).all())
-        self.found_inf = self.loss_inf or not finite
+        self.found_inf = self.agree(self.loss_inf or not finite)
         self.after = self.scaler.after(self)
+
+    def agree(self, found_inf: bool) -> bool:
+        """Whether the step is skipped, given what this process found: its own finding here; a
+        data-parallel rank takes every rank's (:mod:`minidnn.distributed.scaling`), so that a step
+        skipped on one rank is skipped on all."""
+        return found_inf
 
 
 class GradScaler:

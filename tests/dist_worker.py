@@ -19,6 +19,26 @@ def small_cnn():
                          nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
 
 
+def small_bn_cnn():
+    """small_cnn with a BatchNorm after each convolution (synchronized across the ranks)."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * 4 * 4, 10))
+
+
+def flag_inf_once(replica):
+    """This rank's loss scaling of its next step finds inf/NaN (as if its loss were), while its gradients
+    stay finite: only the ranks' agreement on the flag makes the others skip the step too."""
+    begin = replica.begin
+
+    def flagged(ctx, plan, n_local):
+        replica.begin = begin
+        ctx = begin(ctx, plan, n_local)
+        ctx.scaling.nonfinite_loss()
+        return ctx
+    replica.begin = flagged
+
+
 def stop_inside_batchnorm(sync):
     """This process stops (SIGSTOP) when its BatchNorm ``sync`` next gathers statistics: the other ranks
     wait for it inside a synchronized BatchNorm collective."""
@@ -33,7 +53,7 @@ def stop_inside_batchnorm(sync):
 
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["cnn", "resnet20"], default="cnn")
+    p.add_argument("--model", choices=["cnn", "cnn-bn", "resnet20"], default="cnn")
     p.add_argument("--dtype", default="float64")
     p.add_argument("--batch", type=int, default=6)
     p.add_argument("--steps", type=int, default=3)
@@ -41,6 +61,7 @@ def main(argv=None):
     p.add_argument("--budget", default=None, help="bytes or a fraction of the liveness peak")
     p.add_argument("--policy", default="auto")
     p.add_argument("--sub-batches", action="store_true", help="a budget only a split of the mini-batch fits")
+    p.add_argument("--k", type=int, default=0, help="with --sub-batches: the split must be into exactly K")
     p.add_argument("--bn", default="sync")
     p.add_argument("--bucket-bytes", type=int, default=4096)
     p.add_argument("--last-batch", type=int, default=0, help="a last, smaller global batch after the steps")
@@ -51,6 +72,17 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="compile's seed")
     p.add_argument("--normalize", default=None, help="MEAN,STD: compile's input normalization")
     p.add_argument("--trace", default=None, help="each rank writes the last step's trace to TRACE/rankR.json")
+    p.add_argument("--precision", default="fp32", help="compile's precision")
+    p.add_argument("--every-rank", action="store_true",
+                   help="each rank writes its state, loss and loss scale after every step to OUT.rankR.npz")
+    p.add_argument("--overflow-rank", type=int, default=-1,
+                   help="this rank's slice is multiplied by 1e6 at step --overflow-step (fp16 overflows)")
+    p.add_argument("--flag-rank", type=int, default=-1,
+                   help="this rank alone finds inf/NaN at step --overflow-step (its gradients finite)")
+    p.add_argument("--overflow-step", type=int, default=1, help="the step (from 0) of --overflow/flag-rank")
+    p.add_argument("--growth-interval", type=int, default=0, help="fp16: the loss scaler's growth interval")
+    p.add_argument("--skew-scale", action="store_true",
+                   help="fp16: rank r's loss scaler starts at 2^(16 - r) (rank 0's must be broadcast)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -60,6 +92,8 @@ def main(argv=None):
     rank, size = (parallel.rank, parallel.size) if parallel is not None else (0, 1)
     if args.model == "cnn":
         net, image = small_cnn(), (3, 8, 8)
+    elif args.model == "cnn-bn":
+        net, image = small_bn_cnn(), (3, 8, 8)
     else:
         from minidnn.models import resnet20
         net, image = resnet20(num_classes=10), (3, 32, 32)
@@ -71,9 +105,16 @@ def main(argv=None):
     normalize = tuple(float(v) for v in args.normalize.split(",")) if args.normalize else None
     trainer = mdn.compile(net, (args.batch, *image), nn.CrossEntropyLoss(),
                           optim.SGD(lr=args.lr, momentum=0.9, weight_decay=5e-4), memory=memory,
-                          dtype=np.dtype(args.dtype), parallel=parallel, seed=args.seed, normalize=normalize)
+                          dtype=np.dtype(args.dtype), parallel=parallel, seed=args.seed, normalize=normalize,
+                          precision=args.precision)
+    if args.growth_interval or args.skew_scale:
+        from minidnn.grad_scaler import GradScaler
+        trainer.scaler = GradScaler(init_scale=2.0 ** (16 - (rank if args.skew_scale else 0)),
+                                    growth_interval=args.growth_interval or 2000)
+    history = {}
     if args.sub_batches:
         assert getattr(trainer.plan, "k", 1) > 1, "the budget did not split the mini-batch"
+        assert args.k in (0, trainer.plan.k), f"the budget split the mini-batch into {trainer.plan.k}, not {args.k}"
     elif budget is not None:
         kinds = {s.kind for s in trainer.plan.program.steps} if hasattr(trainer.plan, "program") else set()
         assert kinds & {"offload", "recompute"}, "the budget evicted nothing (or split the mini-batch)"
@@ -93,6 +134,10 @@ def main(argv=None):
             time.sleep(3600)
         if t == 1 and rank == args.stop_rank:
             stop_inside_batchnorm(trainer.parallel.bn)
+        if t == args.overflow_step and rank == args.overflow_rank:
+            x = x * 1e6
+        if t == args.overflow_step and rank == args.flag_rank:
+            flag_inf_once(trainer.parallel)
         try:
             losses.append(trainer.step(x[lo:hi], y[lo:hi]))
         except mdn.DistributedError as e:
@@ -106,8 +151,16 @@ def main(argv=None):
         if rank == 0:
             with open(f"{args.out}.steps", "w") as f:
                 f.write(str(t + 1))
+        if args.every_rank:
+            history.update({f"{t}/{k}": np.array(v) for k, v in net.state_dict().items()})
+            history[f"{t}/loss"] = np.array(losses[-1])
+            if trainer.scaler is not None:
+                history[f"{t}/scale"] = np.array(trainer.scaler.scale)
+                history[f"{t}/skipped"] = np.array(trainer.scaler.skipped_steps)
     if args.trace:
         trainer.trace.save(os.path.join(args.trace, f"rank{rank}.json"))
+    if args.every_rank:
+        np.savez(f"{args.out}.rank{rank}.npz", **history)
     if rank == 0:
         state = {k: np.asarray(v) for k, v in net.state_dict().items()}
         np.savez(args.out, losses=np.array(losses), **state)

@@ -9,6 +9,12 @@ beta's gradients stay this rank's own sums, since the gradient buckets add
 them up with every other gradient. Both run the backend's BatchNorm kernels,
 so they work on either backend; only per-channel vectors cross to the host.
 
+Under mixed precision (bf16/fp16 activations) nothing of this is low precision:
+the statistics and their combination are float64 from the op's fp32 values (on
+the CPU the op stages its low x, gy and gx in fp32, ``ops.staging``), the mean
+and variance written back are in the statistics' dtype (float32: the
+parameters'), and so are the per-channel coefficients of the input gradient.
+
 Each collective goes through the communication thread in program order and
 waits for its own result: the statistics are needed before the next kernel. The
 wait has no deadline of its own: the communication thread fails a collective a
@@ -68,7 +74,7 @@ class BatchNormSync:
         adds the affine rest in place (y = x * alpha + shift + residual, y the residual): the
         backend's kernels only, no temporary of the batch's size."""
         xp, c = self.xp, mean.size
-        dtype = gx.dtype
+        dtype = mean.dtype        # the per-channel coefficients in the statistics' dtype (fp32 under mixed precision)
         ggamma = ggamma if ggamma is not None else xp.empty(c, dtype)
         gbeta = gbeta if gbeta is not None else xp.empty(c, dtype)
         k.bn_backward(x, gy, gamma, mean, invstd, gx, ggamma, gbeta)

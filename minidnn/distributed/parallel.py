@@ -49,6 +49,12 @@ class DataParallel:
     Where the budget splits the mini-batch into sub-batches (BatchNorm per sub-batch, an
     opt-in that changes the math), a synchronized BatchNorm's statistics are those of the
     ranks' j-th sub-batches together; a split with ``bn="exact"`` is refused.
+
+    Under mixed precision (``compile(precision="bf16"|"fp16")``, the same on every rank) the
+    buckets hold the fp32 master gradients and are reduced in fp32, as DDP's under autocast,
+    synchronized BatchNorm combines fp32 statistics in float64, and fp16's loss scaler unscales
+    the reduced gradients and takes one skip decision for every rank
+    (:mod:`minidnn.distributed.scaling`), so every rank keeps rank 0's scale.
     """
 
     def __init__(self, comm=None, bn="sync", bucket_bytes=None, tail_bytes=None, timeout=TIMEOUT_SECONDS):
@@ -134,6 +140,7 @@ def configuration(trainer, schedule, global_shape, parallel) -> dict:
     stream = zlib.crc32(json.dumps(trainer.rng.bit_generator.state, sort_keys=True).encode())
     norm = trainer.normalization
     return {"minidnn version": __version__, "global batch": list(global_shape), "dtype": str(trainer.dtype),
+            "precision": trainer.precision.name,
             "random stream (compile's seed)": f"{stream:08x}",
             "input normalization": json.dumps(norm.to_dict()) if norm is not None else "none",
             "model": f"{len(graph.nodes)} ops, {len(params)} parameters, structure {model:08x}",

@@ -9,9 +9,24 @@ each step (waiting for the buckets an update reads).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..errors import DistributedError
+from ..precision import is_low
 from ..schedule import PARAM_GRAD
 from ..trace import REDUCTION_WAIT
 from .buckets import gradient_buckets, ready_steps
+
+
+def gradient_dtype(schedule):
+    """The one dtype of ``schedule``'s parameter gradients, which its buckets are reduced in: the master
+    weights' (fp32 under mixed precision, as DDP's with autocast); DistributedError for a 2-byte one or
+    several (a bucket is viewed as one dtype, and a sum of bf16/fp16 gradients would round at each rank)."""
+    dtypes = sorted({np.dtype(t.spec.dtype) for t in schedule.tensors if t.category == PARAM_GRAD}, key=str)
+    if len(dtypes) > 1 or any(is_low(d) for d in dtypes):
+        raise DistributedError(f"gradient buckets are reduced in the master weights' dtype, but the parameter "
+                               f"gradients are {', '.join(map(str, dtypes))}: mixed precision keeps them in float32")
+    return dtypes[0] if dtypes else None
 
 
 class GradientReducer:
@@ -21,8 +36,8 @@ class GradientReducer:
         self.reduce = reduce                   # bytes-view -> Pending (the communication stream)
         self.layout = store.schedule
         self.buckets = gradient_buckets(self.layout, bucket_bytes, tail_bytes)
-        dtype = next(t.spec.dtype for t in self.layout.tensors if t.category == PARAM_GRAD) if self.buckets else None
-        self.views = [store.region[b.start:b.stop].view(dtype) for b in self.buckets]
+        self.dtype = gradient_dtype(self.layout)
+        self.views = [store.region[b.start:b.stop].view(self.dtype) for b in self.buckets]
         self._bucket_of = {id(self.layout.tensor(t).value.param): b.index for b in self.buckets for t in b.grads}
         self._tables = {}
 

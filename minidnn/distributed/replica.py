@@ -1,13 +1,15 @@
 """One rank's side of a data-parallel trainer: the step's beginning and end around the executor.
 
 ``begin`` (before a mini-batch runs): on the first step, rank 0's persistent
-region (parameters, BatchNorm statistics, optimizer state) and its counters are
-broadcast; then one small all-gather gives every rank each rank's sample count
-(so a rank's loss is weighted by its share of the global batch: the gradients
-summed over the ranks are the global mean-loss gradient) and its plan's
-signature (ranks whose plans would issue different BatchNorm collectives are
-refused instead of deadlocking). ``end``: every bucket reduced, and the loss
-averaged over the global batch.
+region (parameters, BatchNorm statistics, optimizer state) and its counters
+(fp16: the loss scaler's state) are broadcast; then one small all-gather gives
+every rank each rank's sample count (so a rank's loss is weighted by its share of
+the global batch: the gradients summed over the ranks are the global mean-loss
+gradient; under fp16 the share multiplies the loss scale, and the step's scaling
+is :class:`~minidnn.distributed.scaling.RankScaling`'s) and its plan's signature
+(ranks whose plans would issue different BatchNorm collectives are refused
+instead of deadlocking). ``end``: every bucket reduced, and the loss averaged
+over the global batch.
 
 A rank with no sample of a mini-batch (the last one, when it has fewer samples
 than there are ranks) still takes part in every collective: it runs a stand-in
@@ -24,6 +26,7 @@ from .batchnorm import BatchNormSync
 from .comm import CommThread
 from .parallel import plan_signature
 from .reduction import GradientReducer
+from .scaling import RankScaling
 
 
 class Replica:
@@ -43,15 +46,18 @@ class Replica:
         self.share = 1.0
 
     def broadcast_state(self):
-        """Rank 0's persistent region and counters on every rank."""
+        """Rank 0's persistent region and counters (fp16: its loss scaler's too) on every rank."""
         t = self.trainer
         region = np.array(t.backend.to_host(t.store.region), copy=True)
         self.comm.bcast(region).wait()
         t.backend.write(t.store.region, region)
         state = self.comm.bcast_object({"optimizer": t.optimizer.state_dict() if t.optimizer is not None else None,
-                                        "steps_done": t.steps_done})
+                                        "steps_done": t.steps_done,
+                                        "scaler": t.scaler.state_dict() if t.scaler is not None else None})
         if t.optimizer is not None:
             t.optimizer.load_state_dict(state["optimizer"])
+        if t.scaler is not None:
+            t.scaler.load_state_dict(state["scaler"])
         t.steps_done = state["steps_done"]
         self.synced = True
 
@@ -89,9 +95,12 @@ class Replica:
             raise DistributedError(f"the ranks' slices add up to {total} samples, more than the global mini-batch "
                                    f"of {self.global_batch}: give each rank its slice (DataLoader(shard=...))")
         self.share = n_local / total
-        ctx.loss_scale = self.share
         ctx.sync = self.bn
         ctx.grads = self.reducer.begin()
+        if ctx.scaling is not None:           # fp16: unscaled once reduced; one skip decision for every rank
+            ctx.scaling = RankScaling(ctx.scaling.scaler, ctx.grads, self.comm)
+            ctx.loss_scale = ctx.scaling.scale        # rank 0's, once broadcast
+        ctx.loss_scale *= self.share
         if self.bn is not None:
             self.bn.log = ctx.grads.others
             self.bn.contributes = n_local > 0
