@@ -46,6 +46,7 @@ from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, minimum_bytes, plan_memory
 from minidnn.memory.bound import step_time_floor
 from minidnn.memory.costmodel import CachedCost, ProfileCost
+from minidnn.memory.facts import Facts
 from minidnn.memory.optimal import pareto, solve_reference
 from minidnn.memory.optimal_model import INDEPENDENT_TIMINGS, PAIRED_TIMINGS, RECOMPUTE, Model
 from minidnn.memory.planner import algorithm_options
@@ -183,7 +184,7 @@ def agreement(profile, keys, trials=60):
         sched = schedule_of(build, shape)
         cost = CachedCost(ProfileCost(profile))
         options = pareto(algorithm_options(sched, cost))
-        model = Model(sched, cost, options=options, timings=INDEPENDENT_TIMINGS)
+        model = Model(Facts(sched), cost, options=options, timings=INDEPENDENT_TIMINGS)
         times, stage = [], []
         for _ in range(trials):
             ev = {}

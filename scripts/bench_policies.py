@@ -48,7 +48,7 @@ from minidnn.memory import MemoryConfig, ProfileCost, plan_memory
 from minidnn.memory.baselines import CheckpointSqrt, Recorded
 from minidnn.memory.planner import algorithm_options, fastest, make_plan, minimum_bytes
 from minidnn.memory.policies import POLICIES, get_policy
-from minidnn.memory.program import touches
+from minidnn.memory.facts import Facts
 
 DEVICE_NETS = ["vgg16", "resnet50", "resnet152", "googlenet", "densenet121"]
 CPU_NETS = {
@@ -131,10 +131,10 @@ class Bench:
 
     def own_peak(self, policy):
         """The peak of a budget-independent rule's plan (its decisions do not depend on the budget)."""
-        touch, cost = touches(self.sched), ProfileCost(self.profile)
+        facts, cost = Facts(self.sched), ProfileCost(self.profile)
         algos = fastest(algorithm_options(self.sched, cost))
-        ev = get_policy(policy).evictions(self.sched, math.inf, cost, touch, algos)
-        return make_plan(self.sched, ev, None, policy, touch=touch, algos=algos).peak_bytes
+        ev = get_policy(policy).evictions(facts, math.inf, cost, algos)
+        return make_plan(self.sched, ev, None, policy, facts=facts, algos=algos).peak_bytes
 
     def minimum(self, policy):
         if policy == "none":

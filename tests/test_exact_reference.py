@@ -23,7 +23,7 @@ from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.optimal import TOLERANCE, pareto, solve_reference
 from minidnn.memory.optimal_model import PAIRED_TIMINGS, RECOMPUTE, Model
 from minidnn.memory.planner import algorithm_options, fastest, make_plan
-from minidnn.memory.program import touches
+from minidnn.memory.facts import Facts
 from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
 
 PROFILE = "v100-16gb"
@@ -59,7 +59,7 @@ def decision_space(model, options):
 def enumerate_plans(sched, cost, options, model):
     """(arena bytes, simulated seconds) of every decision of the space that the lowering can run,
     each made by make_plan."""
-    touch = touches(sched)
+    facts = Facts(sched)
     keys, choices = decision_space(model, options)
     quick = fastest(options)
     out = []
@@ -67,7 +67,7 @@ def enumerate_plans(sched, cost, options, model):
         evictions = {k: c for k, c in zip(keys, combo) if isinstance(k, tuple) and c is not None}
         algos = {k: c for k, c in zip(keys, combo) if not isinstance(k, tuple)}
         try:
-            plan = make_plan(sched, evictions, cost, "exhaustive", None, None, touch, {**quick, **algos})
+            plan = make_plan(sched, evictions, cost, "exhaustive", facts=facts, algos={**quick, **algos})
         except ValueError:                   # a chain would need a value neither on the host nor recomputable
             continue
         out.append((plan.arena_bytes, plan.simulation.seconds))
@@ -79,7 +79,7 @@ def test_the_reference_is_the_fastest_plan_that_places(seed, nodes):
     sched = schedule_of(seed, nodes)
     cost = CachedCost(ProfileCost(PROFILE))
     options = pareto(algorithm_options(sched, cost))
-    model = Model(sched, cost, touches(sched), options, True, {}, PAIRED_TIMINGS)
+    model = Model(Facts(sched), cost, options, True, {}, PAIRED_TIMINGS)
     began = time.perf_counter()
     plans = enumerate_plans(sched, cost, options, model)
     assert len(plans) >= 8 and time.perf_counter() - began < 60

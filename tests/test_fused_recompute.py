@@ -15,7 +15,8 @@ from minidnn.autograd import build_schedule
 from minidnn.backend import get_backend
 from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, plan_memory
-from minidnn.memory.program import Evict, lower, touches
+from minidnn.memory.facts import touches
+from minidnn.memory.program import Evict, lower
 from minidnn.ops.activation import ReLUOp
 from minidnn.ops.elementwise import AddOp
 from minidnn.ops.norm import BatchNorm2dOp, FusedBatchNorm2dOp

@@ -16,7 +16,8 @@ from minidnn.graph import trace
 from minidnn.memory import ProfileCost
 from minidnn.memory.greedy import Greedy
 from minidnn.memory.planner import algorithm_options, fastest
-from minidnn.memory.program import Evict, lower, recompute_seconds, touches
+from minidnn.memory.facts import Facts, touches
+from minidnn.memory.program import Evict, lower, recompute_seconds
 from minidnn.memory.simulator import memory_curve, simulate
 from minidnn.memory.transfers import schedule_groups
 
@@ -40,7 +41,7 @@ def check_exact(sched, profile, recompute=True, offload=True, copy_windows=False
     options = algorithm_options(sched, cost)
     algos = fastest(options)
     n = len(sched.steps)
-    greedy = Greedy(sched, cost, touch, recompute, offload, options, algos, copy_windows=copy_windows)
+    greedy = Greedy(Facts(sched, touch), cost, recompute, offload, options, algos, copy_windows=copy_windows)
     assert np.array_equal(greedy.predicted_curve(), grouped(lower(sched, {}, touch, algos), n))
     top = int(greedy.predicted_curve().max())
     evicted = 0

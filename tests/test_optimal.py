@@ -21,6 +21,7 @@ from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, ProfileCost, lower_bound, minimum_bytes, plan_memory
 from minidnn.memory.costmodel import CachedCost
+from minidnn.memory.facts import Facts
 from minidnn.memory.optimal import OptimalPolicy, Solver, solve_reference
 from minidnn.memory.optimal_model import Model
 from minidnn.memory.planner import algorithm_options, smallest
@@ -61,7 +62,7 @@ def test_the_milp_optimum_equals_brute_force_over_the_model(algorithms):
     # each step's fastest and smallest-workspace algorithms: few enough to enumerate
     options = {s: [opts[0], min(opts, key=lambda p: p[1].workspace)]
                for s, opts in algorithm_options(sched, cost).items()} if algorithms == "auto" else {}
-    model = Model(sched, cost, options=options, offload=False)
+    model = Model(Facts(sched), cost, options=options, offload=False)
     gaps = list(model.d)
     steps = sorted(options)
     assert len(gaps) >= 4 and (algorithms == "default" or steps)
@@ -148,7 +149,7 @@ def test_the_model_bounds_the_lowering(net, shape, exact):
     sched = schedule_of(net(), shape)
     cost = CachedCost(ProfileCost("v100-16gb"))
     options = algorithm_options(sched, cost)
-    model = Model(sched, cost, options=options, offload=not exact)
+    model = Model(Facts(sched), cost, options=options, offload=not exact)
     rng = np.random.default_rng(0)
     checked = 0
     for _ in range(20):

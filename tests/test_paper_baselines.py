@@ -11,11 +11,12 @@ from minidnn import models, nn, optim
 from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, ProfileCost, plan_memory
-from minidnn.memory.baselines import (Prefetching, Recorded, _Facts, layerwise_offloads, live_bytes,
+from minidnn.memory.baselines import (Layers, Prefetching, Recorded, layerwise_offloads, live_bytes,
                                       memory_optimal)
 from minidnn.memory.planner import algorithm_options, fastest
 from minidnn.memory.policies import get_policy
-from minidnn.memory.program import Evict, lower, touches
+from minidnn.memory.facts import Facts, touches
+from minidnn.memory.program import Evict, lower
 from minidnn.memory.simulator import simulate
 from minidnn.memory.transfers import step_curve
 from minidnn.report import shapes_only
@@ -61,7 +62,7 @@ def test_vdnn_offloads_beside_the_last_reader_and_frees_after_it(vgg):
     """Each offload of vDNN's set is issued just before its tensor's last forward reader runs, and the
     buffer is freed after that reader, once the copy is done; the copy starts with the reader."""
     touch = touches(vgg)
-    ev = layerwise_offloads(vgg, touch)
+    ev = layerwise_offloads(Facts(vgg, touch))
     assert ev and all(e.early and e.delay == 0 for e in ev.values())
     program = lower(vgg, ev, touch)
     sim = simulate(program, vgg, ProfileCost(PROFILE))
@@ -91,12 +92,13 @@ def test_prefetches_are_one_layer_ahead_unless_the_arena_has_no_room(vgg):
     options = algorithm_options(vgg, cost)
     algos = memory_optimal(options, fastest(options))
     limit = BUDGET - vgg.persistent_bytes
-    asked = layerwise_offloads(vgg, touch)
-    timing = Prefetching(vgg, asked, touch, algos)
-    fast = Prefetching(vgg, asked, touch, fastest(options))       # the same curve, from other algorithms
+    facts = Facts(vgg, touch)
+    asked = layerwise_offloads(facts)
+    timing = Prefetching(facts, asked, algos)
+    fast = Prefetching(facts, asked, fastest(options))       # the same curve, from other algorithms
     assert (fast.with_algorithms(algos) == timing.curve).all()
     fitted, need = timing.fit(limit)
-    assert live_bytes(vgg, fitted, touch, algos) <= need <= limit     # (need: at least what the lowering holds)
+    assert live_bytes(facts, fitted, algos) <= need <= limit     # (need: at least what the lowering holds)
     curve = step_curve(lower(vgg, fitted, touch, algos), len(vgg.steps))
     shortened = 0
     for (t, g), e in fitted.items():
@@ -115,10 +117,10 @@ def test_one_layer_ahead_counts_an_in_place_activation_with_its_layer(vgg):
     """VGG's conv+ReLU is one layer (Caffe and Torch run the ReLU in place): the input of a
     convolution is prefetched as the backward of the layer after it starts, not during the
     backward of its own ReLU."""
-    touch = touches(vgg)
-    f = _Facts(vgg, touch)
+    facts = Facts(vgg)
+    touch, f = facts.touch, Layers(facts)
     label = {s.index: s.label for s in vgg.steps}
-    for (t, g), e in layerwise_offloads(vgg, touch, convs_only=True).items():
+    for (t, g), e in layerwise_offloads(facts, convs_only=True).items():
         b = touch[t][g + 1]
         if vgg.steps[b].node.op.name != "conv2d" or b - 1 not in f.layer or f.layer[b - 1] != f.layer[b]:
             continue                          # (a convolution with an in-place ReLU after it)

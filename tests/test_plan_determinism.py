@@ -17,7 +17,7 @@ from minidnn import models
 from minidnn.memory import MemoryConfig, plan_memory
 from minidnn.memory import planner as planner_module
 from minidnn.memory.greedy import _cheapest_first
-from minidnn.memory.program import Touches, touches
+from minidnn.memory.facts import Facts, Touches, touches
 from minidnn.report import shapes_only, training_schedule
 
 
@@ -29,12 +29,12 @@ def test_cheapest_first_orders_by_value_then_index(values, head):
     assert list(_cheapest_first(ratio, head)) == sorted(range(len(values)), key=lambda i: (values[i], i))
 
 
-def _reversed_touches(schedule) -> Touches:
-    """The schedule's touches, with the tensors in the reverse order (each one's steps unchanged)."""
+def _reversed_facts(schedule) -> Facts:
+    """The schedule's facts, its touches with the tensors in the reverse order (each one's steps unchanged)."""
     touch = touches(schedule)
     out = Touches(reversed(list(touch.items())))
     out.by_step = touch.by_step
-    return out
+    return Facts(schedule, out)
 
 
 def _decisions(plan):
@@ -56,7 +56,7 @@ def test_plans_do_not_depend_on_the_order_tensors_are_offered_in(monkeypatch, na
         sched = training_schedule(models.get(name), shape)[1]
     config = MemoryConfig(budget=budget, profile=profile)
     plain = plan_memory(sched, config)
-    monkeypatch.setattr(planner_module, "touches", _reversed_touches)
+    monkeypatch.setattr(planner_module, "Facts", _reversed_facts)
     perturbed = plan_memory(sched, config)
     assert plain.evictions, "the budget must make the planner choose"
     assert _decisions(perturbed) == _decisions(plain)

@@ -11,7 +11,8 @@ from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import ProfileCost
 from minidnn.memory.planner import AutoPolicy, algorithm_options, fastest
-from minidnn.memory.program import Evict, lower, touches
+from minidnn.memory.facts import Facts
+from minidnn.memory.program import Evict, lower
 from minidnn.memory.simulator import memory_curve
 from minidnn.schedule import aligned
 
@@ -30,26 +31,25 @@ def setup():
     g = trace(models.get("resnet20"), (8, 3, 32, 32), loss=nn.CrossEntropyLoss())
     sched = build_schedule(g, optimizer=optim.SGD(lr=0.05, momentum=0.9))
     cost = ProfileCost("titanx-12gb")
-    touch = touches(sched)
     options = algorithm_options(sched, cost)
-    return sched, cost, touch, options, fastest(options)
+    return sched, cost, Facts(sched), options, fastest(options)
 
 
 @pytest.mark.parametrize("policy", [AutoPolicy(), AutoPolicy(recompute=False), AutoPolicy(offload=False),
                                     AutoPolicy(copies_free=True), AutoPolicy(copy_windows=True)])
 def test_chooser_answers_each_limit_as_a_fresh_greedy(setup, policy):
-    sched, cost, touch, options, algos = setup
-    peak = int(memory_curve(lower(sched, {}, touch, algos)).max())
+    sched, cost, facts, options, algos = setup
+    peak = int(memory_curve(lower(sched, {}, facts, algos)).max())
     limits = [int(peak * f) for f in (0.9, 0.5, 0.7, 0.2, 0.05, 0.6, 0.95, 0.01)]
-    choose = policy.chooser(sched, cost, touch, options, algos)
+    choose = policy.chooser(facts, cost, options, algos)
     for limit in limits:                      # higher and lower limits, in no order
-        assert choose(limit) == policy.choose(sched, limit, cost, touch, options, algos)
+        assert choose(limit) == policy.choose(facts, limit, cost, options, algos)
 
 
 def test_program_buffers_match_residencies(setup):
-    sched, cost, touch, options, algos = setup
-    ev = AutoPolicy().evictions(sched, 0.5 * sched.arena_bytes_no_reuse / 4, cost, touch)
-    program = lower(sched, ev or {}, touch, algos)
+    sched, cost, facts, options, algos = setup
+    ev = AutoPolicy().evictions(facts, 0.5 * sched.arena_bytes_no_reuse / 4, cost)
+    program = lower(sched, ev or {}, facts, algos)
     starts, ends, sizes = program.buffers
     res = program.residencies
     assert starts.tolist() == [r.start for r in res] and ends.tolist() == [r.end for r in res]
@@ -80,13 +80,13 @@ def test_kept_chain_inputs_recompute_less_and_change_no_bit():
     for x, y in batches:
         ref.step(x, y)
     sched = ref.plan.schedule
-    cost, touch = ProfileCost("titanx-12gb"), touches(sched)
-    ev = Greedy(sched, cost, touch, allow_recompute=True, allow_offload=False).all()
+    cost = ProfileCost("titanx-12gb")
+    ev = Greedy(Facts(sched), cost, allow_recompute=True, allow_offload=False).all()
     assert ev and all(e.kind == "recompute" for e in ev.values())
     recomputes = {}
     for keep in (0, 64):
         t = trainer()
-        plan = make_plan(t.plan.schedule, ev, cost, "all recomputed", touch=touches(t.plan.schedule), algos={},
+        plan = make_plan(t.plan.schedule, ev, cost, "all recomputed", facts=Facts(t.plan.schedule), algos={},
                          keep_within=keep)
         t._plans[("train", shape)] = plan
         for x, y in batches:
@@ -127,14 +127,14 @@ def test_place_program_skips_only_placements_that_cannot_win(setup):
     random ones where either placement wins."""
     from minidnn.memory.placement import place_program
     from minidnn.memory.program import Program, Residency
-    sched, cost, touch, options, algos = setup
+    sched, cost, facts, options, algos = setup
     programs = []
     for policy in (AutoPolicy(), AutoPolicy(offload=False)):
-        choose = policy.chooser(sched, cost, touch, options, algos)
+        choose = policy.chooser(facts, cost, options, algos)
         for f in (0.9, 0.5, 0.2):
             ev, chosen = choose(int(f * sched.arena_bytes_no_reuse / 4))
             if ev is not None:
-                programs.append(lower(sched, ev, touch, chosen))
+                programs.append(lower(sched, ev, facts, chosen))
     rng = np.random.default_rng(0)
     for _ in range(300):            # random lifetimes; some buffers of a tensor compute, some prefetched
         n, steps = int(rng.integers(1, 120)), int(rng.integers(2, 60))
@@ -175,11 +175,11 @@ def test_place_matches_the_rule_across_many_blocks():
 
 
 def test_lowering_reads_the_touches_or_a_plain_dict_alike(setup):
-    """lower() reads what each step touches from touches()'s result, or works it out from a plain
+    """lower() reads what each step touches from the schedule's Facts, or works it out from a plain
     dict of the same touches: the same program."""
-    sched, cost, touch, options, algos = setup
-    ev = AutoPolicy().evictions(sched, 0.3 * sched.arena_bytes_no_reuse / 4, cost, touch)
-    a, b = lower(sched, ev, touch, algos), lower(sched, ev, dict(touch), algos)
+    sched, cost, facts, options, algos = setup
+    ev = AutoPolicy().evictions(facts, 0.3 * sched.arena_bytes_no_reuse / 4, cost)
+    a, b = lower(sched, ev, facts, algos), lower(sched, ev, dict(facts.touch), algos)
     assert [(r.tensor, r.start, r.end, r.origin) for r in a.residencies] == \
         [(r.tensor, r.start, r.end, r.origin) for r in b.residencies]
     assert [(s.kind, s.label, s.algo, s.ws) for s in a.steps] == [(s.kind, s.label, s.algo, s.ws) for s in b.steps]
@@ -196,8 +196,8 @@ def test_a_step_recomputes_each_value_once(name):
     with shapes_only():
         net = models.get(name)
     sched = training_schedule(net, (2, 3, 224, 224))[1]
-    touch = touches(sched)
-    program = lower(sched, CheckpointSqrt().decisions(sched, touch), touch)
+    facts = Facts(sched)
+    program = lower(sched, CheckpointSqrt().decisions(facts), facts)
     runs, run = [], []
     for step, origin in zip(program.steps, program.origin):
         if step.kind == "recompute":
@@ -228,7 +228,7 @@ def test_a_chain_deeper_than_pythons_recursion_limit_is_restored():
 
     g = trace(Deep(), (2, 8), loss=nn.CrossEntropyLoss())
     sched = build_schedule(g, optimizer=optim.SGD(lr=0.1))
-    touch = touches(sched)
+    touch = Facts(sched).touch
     relus = [t for s in sched.steps if s.kind == "forward" and s.node.op.name == "relu" for t in s.outs]
     evictions = {(t, len(touch[t]) - 2): Evict("recompute") for t in relus
                  if len(touch[t]) > 2 and touch[t][-1] - touch[t][-2] >= 2}

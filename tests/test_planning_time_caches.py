@@ -15,7 +15,8 @@ from minidnn.memory import MemoryConfig, ProfileCost
 from minidnn.memory.greedy import AutoPolicy, Greedy
 from minidnn.memory.knobs import Knobs
 from minidnn.memory.planner import algorithm_options, fastest, plan_memory
-from minidnn.memory.program import lower, touches
+from minidnn.memory.facts import Facts
+from minidnn.memory.program import lower
 from minidnn.memory.simulator import memory_curve
 from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
 
@@ -51,13 +52,13 @@ SCHEDULES = {
 
 def _decisions(sched, profile, fraction, policy):
     cost = ProfileCost(profile)
-    touch = touches(sched)
+    facts = Facts(sched)
     options = algorithm_options(sched, cost)
     algos = fastest(options)
-    peak = int(memory_curve(lower(sched, {}, touch, algos)).max())
+    peak = int(memory_curve(lower(sched, {}, facts, algos)).max())
     runs = []
     for trials in (None, _Afresh()):
-        g = Greedy(sched, cost, touch, policy.recompute, policy.offload, options, algos, policy.copies_free,
+        g = Greedy(facts, cost, policy.recompute, policy.offload, options, algos, policy.copies_free,
                    policy.knobs, policy.copy_windows)
         if trials is not None:
             g.trials = trials

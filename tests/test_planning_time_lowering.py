@@ -13,7 +13,8 @@ from minidnn.graph import trace
 from minidnn.memory import ProfileCost
 from minidnn.memory.greedy import AutoPolicy
 from minidnn.memory.planner import algorithm_options, fastest, smallest
-from minidnn.memory.program import Evict, lower, shared_steps, touches
+from minidnn.memory.facts import Facts, touches
+from minidnn.memory.program import Evict, lower, shared_steps
 from minidnn.memory.simulator import memory_curve
 from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
 
@@ -82,7 +83,7 @@ def test_resumed_lowering_is_the_lowering(name, checkpoints, keep_within):
         peak = int(memory_curve(lower(sched, {}, touch, algos)).max())
         for policy, share in ((AutoPolicy(), 0.5), (AutoPolicy(copy_windows=True), 0.3),
                               (AutoPolicy(recompute=False), 0.6)):
-            ev, _ = policy.choose(sched, int(share * peak), cost, touch, options, algos)
+            ev, _ = policy.choose(Facts(sched, touch), int(share * peak), cost, options, algos)
             if not ev:
                 continue
             base = lower(sched, ev, touch, algos, keep_within, checkpoints=checkpoints)
@@ -110,7 +111,7 @@ def test_resumed_lowering_needs_the_same_algorithms_and_horizon():
     options = algorithm_options(sched, cost)
     algos = fastest(options)
     peak = int(memory_curve(lower(sched, {}, touch, algos)).max())
-    ev, _ = AutoPolicy().choose(sched, peak // 2, cost, touch, options, algos)
+    ev, _ = AutoPolicy().choose(Facts(sched, touch), peak // 2, cost, options, algos)
     base = lower(sched, ev, touch, algos, 0, checkpoints=8)
     for other_algos, horizon in ((smallest(options), 0), (algos, 3)):
         got = lower(sched, ev, touch, other_algos, horizon, base=base, checkpoints=8)

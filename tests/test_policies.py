@@ -17,11 +17,11 @@ from minidnn import models, nn, optim
 from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, ProfileCost, plan_memory
-from minidnn.memory.baselines import (CheckpointSqrt, Recorded, _Facts, just_in_time, layerwise_offloads,
+from minidnn.memory.baselines import (CheckpointSqrt, Layers, Recorded, just_in_time, layerwise_offloads,
                                       memory_optimal)
 from minidnn.memory.planner import algorithm_options, fastest, make_plan
 from minidnn.memory.policies import POLICIES, get_policy
-from minidnn.memory.program import touches
+from minidnn.memory.facts import Facts
 from minidnn.memory.subbatch import SubBatchPlan
 from minidnn.schedule import ACT_GRAD
 
@@ -42,10 +42,10 @@ def schedule_of(name):
 
 def own_peak(name, policy, algorithms="auto"):
     sched = schedule_of(name)
-    touch, cost = touches(sched), ProfileCost("cpu-2core")
+    facts, cost = Facts(sched), ProfileCost("cpu-2core")
     algos = fastest(algorithm_options(sched, cost)) if algorithms == "auto" else {}  # as plan_memory starts
-    ev = get_policy(policy).evictions(sched, math.inf, cost, touch, algos)
-    return make_plan(sched, ev, cost, policy, touch=touch, algos=algos).peak_bytes
+    ev = get_policy(policy).evictions(facts, math.inf, cost, algos)
+    return make_plan(sched, ev, cost, policy, facts=facts, algos=algos).peak_bytes
 
 
 def budget_for(name, policy, algorithms="auto"):
@@ -111,11 +111,11 @@ def least_peak(name, policy):
     """vDNN's least need: its offloads with every prefetch just in time and the memory-optimal
     algorithms (below it the rule has no plan)."""
     sched = schedule_of(name)
-    touch, cost = touches(sched), ProfileCost("cpu-2core")
+    facts, cost = Facts(sched), ProfileCost("cpu-2core")
     options = algorithm_options(sched, cost)
     algos = memory_optimal(options, fastest(options))
-    ev = just_in_time(layerwise_offloads(sched, touch, convs_only=policy == "vdnn_conv"))
-    return make_plan(sched, ev, cost, policy, touch=touch, algos=algos).peak_bytes
+    ev = just_in_time(layerwise_offloads(facts, convs_only=policy == "vdnn_conv"))
+    return make_plan(sched, ev, cost, policy, facts=facts, algos=algos).peak_bytes
 
 
 @pytest.mark.parametrize("policy", ("vdnn_all", "vdnn_conv", "checkpoint_sqrt"))  # (superneurons trades workspace)
@@ -150,12 +150,13 @@ def test_auto_is_at_or_below_every_policy(name):
 
 def test_layerwise_rules():
     sched = schedule_of("resnet20")
-    touch = touches(sched)
-    conv = layerwise_offloads(sched, touch, convs_only=True)
-    every = layerwise_offloads(sched, touch)
+    facts = Facts(sched)
+    touch = facts.touch
+    conv = layerwise_offloads(facts, convs_only=True)
+    every = layerwise_offloads(facts)
     assert set(conv) < set(every)
     end = max(s.index for s in sched.steps if s.kind == "forward")
-    layer = _Facts(sched, touch).layer       # backward step -> its layer (a step and its in-place activations)
+    layer = Layers(facts).layer       # backward step -> its layer (a step and its in-place activations)
     for (t, g), ev in every.items():
         a, b = touch[t][g], touch[t][g + 1]
         assert ev.kind == "offload" and a <= end < b            # forward -> backward only
@@ -171,11 +172,11 @@ def test_layerwise_rules():
 
 def test_checkpoint_segments_are_about_sqrt_n():
     sched = schedule_of("resnet20")
-    touch = touches(sched)
+    facts = Facts(sched)
     n = sum(s.kind == "forward" for s in sched.steps)
-    cuts, _ = CheckpointSqrt.cuts(sched, touch)
+    cuts, _ = CheckpointSqrt.cuts(facts)
     assert abs(len(cuts) + 1 - math.sqrt(n)) <= 2
-    assert all(ev.kind == "recompute" for ev in CheckpointSqrt().decisions(sched, touch).values())
+    assert all(ev.kind == "recompute" for ev in CheckpointSqrt().decisions(facts).values())
 
 
 def test_unknown_policy_lists_the_known_ones():

@@ -16,7 +16,8 @@ from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.knobs import Knobs
 from minidnn.memory.planner import make_plan
 from minidnn.memory.transfers import Gap, extend, hide_transfers, offload_recomputations, recompute_stalled, timeline
-from minidnn.memory.program import Evict, touches
+from minidnn.memory.facts import Facts
+from minidnn.memory.program import Evict
 from minidnn.report import shapes_only, training_schedule
 
 
@@ -42,8 +43,8 @@ def untimed(plan):
 
 
 def rebuild(schedule, plan, cost, evictions):
-    return make_plan(schedule, evictions, cost, plan.policy, plan.budget, plan.baseline, touches(schedule),
-                     plan.algos, keep_within=plan.keep_within)
+    return make_plan(schedule, evictions, cost, plan.policy, budget=plan.budget, baseline=plan.baseline,
+                     facts=Facts(schedule), algos=plan.algos, keep_within=plan.keep_within)
 
 
 @pytest.mark.parametrize("net, shape, budget", [("resnet20", (64, 3, 32, 32), 0.8),
@@ -55,8 +56,7 @@ def test_retimed_transfers_fit_and_are_faster_than_just_in_time(net, shape, budg
     limit = plan.budget - plan.persistent_bytes
     late = rebuild(schedule, plan, cost, untimed(plan))
     assert late.arena_bytes <= limit and late.simulation.stall_seconds > 0
-    timed = hide_transfers(lambda ev: rebuild(schedule, plan, cost, ev), late, schedule, cost, limit,
-                            touches(schedule))
+    timed = hide_transfers(lambda ev: rebuild(schedule, plan, cost, ev), late, Facts(schedule), cost, limit)
     assert timed is not None and timed.arena_bytes <= limit
     assert timed.simulation.seconds < late.simulation.seconds
     assert timed.simulation.stall_seconds < late.simulation.stall_seconds
@@ -74,8 +74,8 @@ def test_offloads_the_compute_waits_for_are_recomputed(resnet50):
 
     def plan_fn(ev):
         p = rebuild(resnet50, plan, cost, ev)
-        return p if p.arena_bytes <= limit else make_plan(resnet50, ev, None, plan.policy, touch=touches(resnet50))
-    fixed = recompute_stalled(plan_fn, late, resnet50, touches(resnet50), cost)
+        return p if p.arena_bytes <= limit else make_plan(resnet50, ev, None, plan.policy, facts=Facts(resnet50))
+    fixed = recompute_stalled(plan_fn, late, Facts(resnet50), cost)
     assert fixed.arena_bytes <= limit
     assert fixed.simulation.seconds < late.simulation.seconds
     assert fixed.simulation.stall_seconds < late.simulation.stall_seconds
@@ -83,7 +83,7 @@ def test_offloads_the_compute_waits_for_are_recomputed(resnet50):
     assert changed and all(late.evictions[k].kind == "offload" and fixed.evictions[k].kind == "recompute"
                            for k in changed)
     assert recompute_stalled(plan_fn, plan_memory(resnet50, MemoryConfig(profile="titanx-12gb")),
-                             resnet50, touches(resnet50), cost).evictions == {}     # nothing waits: unchanged
+                             Facts(resnet50), cost).evictions == {}     # nothing waits: unchanged
 
 
 def test_tight_memory_goes_to_the_extensions_that_save_the_most_stall_per_byte():
@@ -121,7 +121,8 @@ def test_offloaded_recomputations_fit_in_the_forward_copy_stream(resnet50):
     released from each forward step on fit in the forward time left after it."""
     cost = CachedCost(ProfileCost("titanx-12gb"))
     plan = plan_memory(resnet50, MemoryConfig(budget="12GiB", profile="titanx-12gb"))
-    touch = touches(resnet50)
+    facts = Facts(resnet50)
+    touch = facts.touch
     steps = resnet50.steps
     last_forward = max(s.index for s in steps if s.kind == "forward")
     produced = {t for s in steps if s.kind == "forward" and s.node.op.recomputable for t in s.outs}
@@ -129,7 +130,7 @@ def test_offloaded_recomputations_fit_in_the_forward_copy_stream(resnet50):
                  for k, ev in plan.evictions.items()}
     late = rebuild(resnet50, plan, cost, evictions)
     limit = plan.liveness_peak_bytes          # room enough: what is checked here is the copy stream
-    more = offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch)
+    more = offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, facts, cost, limit)
     assert more is not None
     turned = [k for k, ev in more.evictions.items() if ev.kind == "offload" and late.evictions[k].kind == "recompute"]
     assert turned and len(turned) < sum(ev.kind == "recompute" for ev in late.evictions.values())
@@ -140,8 +141,7 @@ def test_offloaded_recomputations_fit_in_the_forward_copy_stream(resnet50):
     for (a, _), w in zip(released, work):
         assert a <= last_forward and w <= cum[last_forward + 1] - cum[a + 1] + 1e-9
     # half the share: the costlier half of the same conversions
-    half = offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, resnet50, cost, limit, touch,
-                                   share=0.5)
+    half = offload_recomputations(lambda ev: rebuild(resnet50, plan, cost, ev), late, facts, cost, limit, share=0.5)
     halved = {k for k, ev in half.evictions.items() if ev.kind == "offload" and late.evictions[k].kind == "recompute"}
     assert halved < set(turned) and len(halved) == -(-len(turned) // 2)
 
@@ -197,7 +197,7 @@ def test_segments_are_not_planned_where_their_first_lowering_is_too_long():
     with shapes_only():
         deep = training_schedule(models.get("resnet_deep", depth=1001), (16, 3, 224, 224))[1]
     r50 = schedule_of("resnet50", (256, 3, 224, 224))
-    assert CheckpointSqrt().rework(deep, touches(deep)) > SQRT_REWORK >= CheckpointSqrt().rework(r50, touches(r50))
+    assert CheckpointSqrt().rework(Facts(deep)) > SQRT_REWORK >= CheckpointSqrt().rework(Facts(r50))
 
 
 def test_a_tight_budget_gets_the_shorter_copy_timing():

@@ -1,6 +1,6 @@
 """The memory policies of the papers minidnn is measured against, as small planners.
 
-Each is an object with ``name`` and ``evictions(schedule, limit, cost, touch)``
+Each is an object with ``name`` and ``evictions(facts, limit, cost)`` (facts: facts.Facts)
 (and ``choose(...)``, which also returns the convolution algorithms, where the
 paper picks them), asked through the one policy method ``chooser``
 (policies.py); through ``plan_memory`` each yields the same :class:`Plan` as
@@ -62,17 +62,16 @@ CHEAP_OPS = ("batch_norm2d", "relu", "leaky_relu", "sigmoid", "tanh", "max_pool2
 ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
 
 
-# -- facts every baseline uses ----------------------------------------------------
-class _Facts:
-    """The forward steps, where the forward ends, who produces what, who reads what in the forward,
-    where each backward step is, and the papers' layers (a step with its in-place activations)."""
+# -- the papers' layers, which every baseline reads ------------------------------------
+class Layers:
+    """The schedule's facts (facts.Facts: its forward steps, where the forward ends, who produces
+    what, where each backward step is) and the papers' view of them: who reads what in the forward,
+    and the papers' layers (a step with its in-place activations)."""
 
-    def __init__(self, schedule, touch):
-        self.schedule, self.touch = schedule, touch
-        self.forward = [s for s in schedule.steps if s.kind == "forward"]
-        self.end = self.forward[-1].index if self.forward else -1
-        self.producer = {t: s for s in self.forward for t in s.outs}
-        self.backward = [s.index for s in schedule.steps if s.kind == "backward"]
+    def __init__(self, facts):
+        schedule = self.schedule = facts.schedule
+        self.touch, self.forward, self.end, self.producer = facts.touch, facts.forward, facts.last_forward, facts.producer
+        self.backward = facts.backward
         self.consumers = defaultdict(list)
         for s in self.forward:
             for u in dict.fromkeys(s.ins):
@@ -129,20 +128,19 @@ class _Facts:
                               early=early)}
 
 
-def live_bytes(schedule, evictions, touch, algos=None) -> int:
+def live_bytes(facts, evictions, algos=None) -> int:
     """The largest sum of arena bytes live at one step of the lowered plan (placement not included)."""
-    return int(memory_curve(lower(schedule, evictions, touch, algos or {})).max(initial=0))
+    return int(memory_curve(lower(facts.schedule, evictions, facts, algos or {})).max(initial=0))
 
 
-def approximate_curve(schedule, touch, algos=None) -> np.ndarray:
+def approximate_curve(facts, algos=None) -> np.ndarray:
     """Arena bytes live at each schedule step with nothing evicted, with ``algos``' workspaces."""
-    n = len(schedule.steps)
-    keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
-    diff = np.zeros(n + 1, np.int64)
-    for t, ts in touch.items():
+    schedule = facts.schedule
+    diff = np.zeros(len(schedule.steps) + 1, np.int64)
+    for t, ts in facts.touch.items():
         size = aligned(schedule.tensors[t].nbytes)
         diff[ts[0]] += size
-        diff[(n - 1 if t in keep else ts[-1]) + 1] -= size
+        diff[facts.last_use(t) + 1] -= size
     curve = np.cumsum(diff[:-1])
     for i, a in (algos or {}).items():
         ws = schedule.steps[i].ws
@@ -150,11 +148,11 @@ def approximate_curve(schedule, touch, algos=None) -> np.ndarray:
     return curve
 
 
-def downgrade_at_peak(schedule, evictions, touch, options, algos, limit):
+def downgrade_at_peak(facts, evictions, options, algos, limit):
     """vDNN's greedy algorithm choice: while the plan is over ``limit``, give the step with the most
     bytes live among those over it (and with a smaller-workspace algorithm) its fastest smaller one.
     Returns the algorithms, or None if no downgrade is left and it still does not fit."""
-    program = lower(schedule, evictions, touch, algos)
+    program = lower(facts.schedule, evictions, facts, algos)
     return downgrade(memory_curve(program), program.origin, options, algos, limit)
 
 
@@ -188,11 +186,11 @@ class _Baseline:
     """A paper's rule: ``evictions`` (its own algorithms where it picks them: ``choose``), asked
     for each limit through the one policy method, ``chooser``."""
 
-    def chooser(self, schedule, cost, touch, options, algos):
-        return lambda limit: self.choose(schedule, limit, cost, touch, options, algos)
+    def chooser(self, facts, cost, options, algos):
+        return lambda limit: self.choose(facts, limit, cost, options, algos)
 
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        ev = self.evictions(schedule, limit, cost, touch, algos)
+    def choose(self, facts, limit, cost, options, algos):
+        ev = self.evictions(facts, limit, cost, algos)
         return (None, None) if ev is None else (ev, algos)
 
     def __repr__(self):
@@ -206,17 +204,17 @@ def _feature_map(schedule, step, t) -> bool:
 
 
 # -- vDNN ------------------------------------------------------------------------------
-def layerwise_offloads(schedule, touch, convs_only=False) -> dict:
+def layerwise_offloads(facts, convs_only=False) -> dict:
     """vDNN's decisions: every layer's input (``convs_only``: every convolution's input) offloaded
     while its last forward reader runs and freed after it, prefetched one backward layer ahead of
     its first backward use."""
-    f = _Facts(schedule, touch)
+    f = Layers(facts)
     ev = {}
     for s in f.forward:
         if convs_only and s.node.op.name not in CONV_OPS:
             continue
         for u in s.ins:
-            if u is not None and not schedule.tensors[u].persistent:
+            if u is not None and not f.schedule.tensors[u].persistent:
                 ev.update(f.offload(u, early=True))
     return ev
 
@@ -232,9 +230,10 @@ class Prefetching:
     prefetches for any limit and :meth:`with_algorithms` gives the curve with other algorithms (a
     workspace lives only during its own step) without lowering again."""
 
-    def __init__(self, schedule, evictions, touch, algos):
+    def __init__(self, facts, evictions, algos):
+        schedule, touch = facts.schedule, facts.touch
         self.schedule, self.evictions, self.touch, self.algos = schedule, evictions, touch, algos
-        self.curve = step_curve(lower(schedule, just_in_time(evictions), touch, algos), len(schedule.steps))
+        self.curve = step_curve(lower(schedule, just_in_time(evictions), facts, algos), len(schedule.steps))
         self.offloads = sorted((touch[t][g + 1], t, g) for (t, g), e in evictions.items() if e.kind == "offload")
 
     def with_algorithms(self, algos) -> np.ndarray:
@@ -297,14 +296,14 @@ class VDNN(_Baseline):
         self.convs_only = convs_only
         self.name = "vdnn_conv" if convs_only else "vdnn_all"
 
-    def evictions(self, schedule, limit, cost, touch, algos=None):
-        return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
+    def evictions(self, facts, limit, cost, algos=None):
+        return self.choose(facts, limit, cost, {}, algos or {})[0]
 
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        return self.chooser(schedule, cost, touch, options, algos)(limit)
+    def choose(self, facts, limit, cost, options, algos):
+        return self.chooser(facts, cost, options, algos)(limit)
 
-    def chooser(self, schedule, cost, touch, options, algos):
-        timing = Prefetching(schedule, layerwise_offloads(schedule, touch, self.convs_only), touch, algos)
+    def chooser(self, facts, cost, options, algos):
+        timing = Prefetching(facts, layerwise_offloads(facts, self.convs_only), algos)
         slow = memory_optimal(options, algos)
         configs = [(algos, timing.curve), (slow, timing.with_algorithms(slow))]
 
@@ -329,16 +328,16 @@ class VDNNDynamic(_Baseline):
 
     name = "vdnn_dyn"
 
-    def evictions(self, schedule, limit, cost, touch, algos=None):
-        return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
+    def evictions(self, facts, limit, cost, algos=None):
+        return self.choose(facts, limit, cost, {}, algos or {})[0]
 
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        return self.chooser(schedule, cost, touch, options, algos)(limit)
+    def choose(self, facts, limit, cost, options, algos):
+        return self.chooser(facts, cost, options, algos)(limit)
 
-    def chooser(self, schedule, cost, touch, options, algos):
-        tries = [Prefetching(schedule, ev, touch, algos) for ev in
-                 ({}, layerwise_offloads(schedule, touch, True), layerwise_offloads(schedule, touch, False))]
-        steps = range(len(schedule.steps))
+    def chooser(self, facts, cost, options, algos):
+        tries = [Prefetching(facts, ev, algos) for ev in
+                 ({}, layerwise_offloads(facts, True), layerwise_offloads(facts, False))]
+        steps = range(len(facts.schedule.steps))
 
         def choose(limit):
             for timing in tries:
@@ -372,30 +371,30 @@ class CheckpointSqrt(_Baseline):
 
     name = "checkpoint_sqrt"
 
-    def evictions(self, schedule, limit, cost, touch, algos=None):
-        ev = self.decisions(schedule, touch)
+    def evictions(self, facts, limit, cost, algos=None):
+        ev = self.decisions(facts)
         try:
-            need = live_bytes(schedule, ev, touch, algos)
+            need = live_bytes(facts, ev, algos)
         except ValueError:       # a dropped value's chain starts at a value no longer on the device
             return None          # (a graph input after its last use): the rule has no plan here
         return ev if need <= limit else None
 
-    def rework(self, schedule, touch) -> float:
+    def rework(self, facts) -> float:
         """About how many recompute steps the segments cost per schedule step, lowered without a
         horizon (each value the backward reads restores its chain from the segment's start): the
         square of each segment's forward length, halved, over the schedule's length."""
-        cuts, _ = self.cuts(schedule, touch)
-        ends = [s.index for s in schedule.steps if s.kind == "forward"]
+        cuts, _ = self.cuts(facts)
+        ends = [s.index for s in facts.forward]
         if not ends:
             return 0.0
         bounds = [ends[0]] + cuts + [ends[-1]]
-        return sum((b - a) ** 2 / 2 for a, b in zip(bounds, bounds[1:])) / len(schedule.steps)
+        return sum((b - a) ** 2 / 2 for a, b in zip(bounds, bounds[1:])) / len(facts.schedule.steps)
 
     @staticmethod
-    def cuts(schedule, touch):
+    def cuts(facts):
         """Schedule indices of the forward steps after which a segment ends, and the bytes crossing
         after each forward step."""
-        f = _Facts(schedule, touch)
+        f, schedule, touch = Layers(facts), facts.schedule, facts.touch
         fwd = [s.index for s in f.forward]
         n = len(fwd)
         diff = np.zeros(len(schedule.steps) + 1, np.int64)
@@ -415,9 +414,9 @@ class CheckpointSqrt(_Baseline):
             pos = best
         return cuts, crossing
 
-    def decisions(self, schedule, touch) -> dict:
-        f = _Facts(schedule, touch)
-        cuts, _ = self.cuts(schedule, touch)
+    def decisions(self, facts) -> dict:
+        f, touch = Layers(facts), facts.touch
+        cuts, _ = self.cuts(facts)
         kept = set()
         for c in cuts:
             for t, ts in touch.items():
@@ -458,11 +457,11 @@ class SuperNeurons(_Baseline):
 
     name = "superneurons"
 
-    def evictions(self, schedule, limit, cost, touch, algos=None):
-        return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
+    def evictions(self, facts, limit, cost, algos=None):
+        return self.choose(facts, limit, cost, {}, algos or {})[0]
 
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        f = _Facts(schedule, touch)
+    def choose(self, facts, limit, cost, options, algos):
+        f, schedule, touch = Layers(facts), facts.schedule, facts.touch
         consumers = f.consumers
         checkpoints = set()
         for s in f.forward:
@@ -500,7 +499,7 @@ class SuperNeurons(_Baseline):
                     ev[(t, g)] = Evict("recompute")
                     dropped.add(t)
         self._prefetch_for_recompute(f, ev)
-        chosen = downgrade_at_peak(schedule, ev, touch, options, algos, limit)
+        chosen = downgrade_at_peak(facts, ev, options, algos, limit)
         return (None, None) if chosen is None else (ev, chosen)
 
     @staticmethod
@@ -557,13 +556,13 @@ class MoDNN(_Baseline):
 
     name = "modnn"
 
-    def evictions(self, schedule, limit, cost, touch, algos=None):
-        return self.choose(schedule, limit, cost, touch, {}, algos or {})[0]
+    def evictions(self, facts, limit, cost, algos=None):
+        return self.choose(facts, limit, cost, {}, algos or {})[0]
 
-    def choose(self, schedule, limit, cost, touch, options, algos):
-        f = _Facts(schedule, touch)
+    def choose(self, facts, limit, cost, options, algos):
+        f, schedule, touch = Layers(facts), facts.schedule, facts.touch
         cur = dict(algos)
-        curve = approximate_curve(schedule, touch, cur)
+        curve = approximate_curve(facts, cur)
         rows = []                                   # (t, gap, a, b, size)
         for t, _ in touch.ordered():
             g = f.crossing(t)
@@ -609,7 +608,7 @@ class MoDNN(_Baseline):
                 acc += secs[a + delay]
                 curve[a + delay] += size
             ev[(t, g)] = Evict("offload", delay=delay, lead=lead, early=early)
-        if place_program(lower(schedule, ev, touch, cur))[1] > limit:
+        if place_program(lower(schedule, ev, facts, cur))[1] > limit:
             # early prefetches filled the budget and placement fragments it: copies issued just in time
             ev = {k: Evict("offload", early=e.early) for k, e in ev.items()}
         return ev, cur

@@ -39,7 +39,8 @@ from scipy.optimize import linprog
 from ..errors import ConfigError
 from ..schedule import aligned
 from .planner import algorithm_options, fastest
-from .program import lower, recompute_seconds, touches
+from .facts import Facts
+from .program import lower, recompute_seconds
 from .transfers import step_curve
 
 
@@ -66,15 +67,15 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget <= 0:
         raise ConfigError(f"step_time_floor takes a budget in bytes (an int above 0), not {budget!r}: "
                           f"MemoryConfig(budget=...).resolve(liveness_peak_bytes) gives one")
-    touch = touches(schedule)
+    facts = Facts(schedule)
+    touch, producer = facts.touch, facts.producer
     options = algorithm_options(schedule, cost)
     quick = fastest(options)
     secs = np.array([cost.step_seconds(schedule, s, quick.get(s.index)) for s in schedule.steps])
     baseline = float(secs.sum())
-    curve = step_curve(lower(schedule, {}, touch, quick), len(schedule.steps))
+    curve = step_curve(lower(schedule, {}, facts, quick), len(schedule.steps))
     limit = budget - schedule.persistent_bytes
     start = np.concatenate([[0.0], np.cumsum(secs)])         # start[i]: when step i starts, unlimited
-    producer = {t: s for s in schedule.steps if s.kind == "forward" for t in s.outs}
     gaps = [(t, ts[g], ts[g + 1]) for t, ts in touch.ordered() for g in range(len(ts) - 1)]
     opens = np.array([a for _, a, _ in gaps])
     closes = np.array([b for _, _, b in gaps])

@@ -51,19 +51,19 @@ class AutoPolicy:
         """Free to choose between offloading and recomputing."""
         return self.offload and self.recompute
 
-    def evictions(self, schedule, limit, cost, touch):
-        return self.choose(schedule, limit, cost, touch, {}, {})[0]
+    def evictions(self, facts, limit, cost):
+        return self.choose(facts, limit, cost, {}, {})[0]
 
-    def choose(self, schedule, limit, cost, touch, options, algos):
+    def choose(self, facts, limit, cost, options, algos):
         """(evictions, algorithms) meeting ``limit``: algorithms start at ``algos`` (the fastest)
         and are traded for smaller workspaces where that costs less than evicting."""
-        return self.chooser(schedule, cost, touch, options, algos)(limit)
+        return self.chooser(facts, cost, options, algos)(limit)
 
-    def chooser(self, schedule, cost, touch, options, algos):
+    def chooser(self, facts, cost, options, algos):
         """``choose`` for one schedule at any number of limits: a function limit -> (evictions,
         algorithms). The greedy's decisions do not depend on the limit (it only says when to stop),
         so one run of it, continued as lower limits are asked for, answers every limit."""
-        return Greedy(schedule, cost, touch, self.recompute, self.offload, options, algos,
+        return Greedy(facts, cost, self.recompute, self.offload, options, algos,
                       self.copies_free, self.knobs, self.copy_windows).greedy
 
 
@@ -78,8 +78,9 @@ class Greedy:
     prefetch fits the backward's compute before it is due, beside the prefetches due by then.
     """
 
-    def __init__(self, schedule, cost, touch, allow_recompute, allow_offload, options=None, algos=None,
+    def __init__(self, facts, cost, allow_recompute, allow_offload, options=None, algos=None,
                  copies_free=False, knobs=Knobs(), copy_windows=False):
+        schedule, touch = facts.schedule, facts.touch
         self.schedule, self.touch, self.cost, self.knobs = schedule, touch, cost, knobs
         self.options, self.algos = options or {}, dict(algos or {})
         steps = self.steps = schedule.steps
@@ -87,10 +88,10 @@ class Greedy:
         self.cum = np.concatenate([[0.0], np.cumsum(self.secs)])
         n = len(steps)
         tensors = schedule.tensors
-        self.keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+        self.keep = facts.keep
         ids = np.fromiter(touch, np.int64, len(touch))
         first = np.fromiter((ts[0] for ts in touch.values()), np.int64, len(touch))
-        last = np.fromiter((n - 1 if t in self.keep else ts[-1] for t, ts in touch.items()), np.int64, len(touch))
+        last = np.fromiter(map(facts.last_use, touch), np.int64, len(touch))
         size = schedule.tensor_bytes[ids]
         diff = np.zeros(n + 2, np.int64)
         np.add.at(diff, first, size)
@@ -102,14 +103,9 @@ class Greedy:
         for i, a in self.algos.items():           # the chosen algorithms' workspaces, not the defaults'
             st = steps[i]
             self.curve[i] += aligned(a.workspace) - (aligned(tensors[st.ws].nbytes) if st.ws is not None else 0)
-        self.producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
+        self.producer, self.writes = facts.producer, facts.writes
         self.nbytes = schedule.tensor_bytes.tolist()
-        self.writes = defaultdict(list)             # tensor -> the schedule steps that write it
-        for s in steps:
-            for t in s.writes + s.updates:
-                if t in touch:
-                    self.writes[t].append(s.index)
-        last_forward = max((s.index for s in steps if s.kind == "forward"), default=0)
+        last_forward = facts.last_forward
         rows, off_cost, xfer, rc_cost = [], [], [], []
         # what the two copies take from compute even when the gap hides them
         shared = 0.0 if copies_free else 2 * (1.0 - cost.copy_overlap)

@@ -60,7 +60,7 @@ from .costmodel import CachedCost, ProfileCost
 from .optimal_cuts import cut_terms, large_threshold
 from .optimal_model import PAIRED_TIMINGS, Model
 from .planner import algorithm_options, fastest, lower_bound, make_plan, plan_memory, smallest
-from .program import touches
+from .facts import Facts
 
 # HiGHS's tolerance on the rows of a MIP solution (its default 1e-6 rejects, as "Solve error", the
 # solutions of some models whose waits for copies carry a constant M of a few step times: 2e-6 over);
@@ -218,7 +218,7 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=60.0, o
     began = time.perf_counter()
     config = config or MemoryConfig()
     cost = CachedCost(cost or ProfileCost(config.profile))
-    touch = touches(schedule)
+    facts = Facts(schedule)
     options = pareto(algorithm_options(schedule, cost, pinned=config.algorithms != "auto"))
     least = lower_bound(schedule, smallest(options))
     if budget < least:
@@ -230,8 +230,8 @@ def solve_reference(schedule, budget, cost=None, config=None, time_limit=60.0, o
                                                            algorithms=config.algorithms), cost)
         except MemoryBudgetError:
             heuristic = None
-    model = Model(schedule, cost, touch, options, offload, hints_of(heuristic) if hinted else {}, timings)
-    search = _Search(schedule, cost, touch, options, budget, heuristic, least, model)
+    model = Model(facts, cost, options, offload, hints_of(heuristic) if hinted else {}, timings)
+    search = _Search(facts, cost, options, budget, heuristic, least, model)
     # the floor (bound.py) is under every plan within the budget: a plan at it is optimal unsolved,
     # and a search the time limit stops keeps it as its bound where the MILP has proven less
     floor = step_time_floor(schedule, budget, cost).seconds
@@ -273,8 +273,9 @@ class _Search:
     ``make_plan``), the fastest that places within the budget, and the cuts that remove them from
     the MILP."""
 
-    def __init__(self, schedule, cost, touch, options, budget, heuristic, least, model):
-        self.schedule, self.cost, self.touch, self.options = schedule, cost, touch, options
+    def __init__(self, facts, cost, options, budget, heuristic, least, model):
+        schedule = facts.schedule
+        self.schedule, self.cost, self.facts, self.options = schedule, cost, facts, options
         self.budget, self.least, self.model = budget, least, model
         self.limit = budget - schedule.persistent_bytes
         self.base = heuristic.baseline if heuristic is not None else None
@@ -291,8 +292,8 @@ class _Search:
         if key in self.seen:
             return None
         self.seen.add(key)
-        plan = make_plan(self.schedule, evictions, self.cost, "optimal", self.budget, self.base, self.touch,
-                         {**fastest(self.options), **algos}, least=self.least)
+        plan = make_plan(self.schedule, evictions, self.cost, "optimal", budget=self.budget, baseline=self.base,
+                         facts=self.facts, algos={**fastest(self.options), **algos}, least=self.least)
         self.candidates += 1
         over = plan.arena_bytes > self.limit
         if over:
@@ -383,9 +384,10 @@ class OptimalPolicy:
     def __init__(self, time_limit=60.0, offload=True):
         self.time_limit, self.offload = time_limit, offload
 
-    def chooser(self, schedule, cost, touch, options, algos):
+    def chooser(self, facts, cost, options, algos):
         """limit -> (evictions, algorithms) of the reference's plan within ``limit`` arena bytes, or
         (None, None) where it has none."""
+        schedule = facts.schedule
         config = MemoryConfig(algorithms="auto" if options else "default")
 
         def choose(limit):

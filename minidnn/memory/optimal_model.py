@@ -18,7 +18,7 @@ import numpy as np
 from ..schedule import aligned
 from .optimal_time import Affine, Compiled, Timeline
 from .planner import algorithm_options
-from .program import Evict, touches
+from .program import Evict
 
 # The holds and leads an offload may take, as Evict(delay, lead): its copy runs over the ``delay``
 # stages after the touch that opens its gap (the value held there; ``early``: issued as that touch
@@ -55,13 +55,13 @@ class Model:
     """The stage model of one schedule and cost model: variables, and expressions over them that
     optimal.solve hands to HiGHS and :meth:`evaluate` computes directly for given decisions."""
 
-    def __init__(self, schedule, cost, touch=None, options=None, offload=True, hints=None, timings=PAIRED_TIMINGS):
+    def __init__(self, facts, cost, options=None, offload=True, hints=None, timings=PAIRED_TIMINGS):
         """``timings``: the offload Evicts a gap may take (those that fit it; an early one where the
         touch that opens it only reads the tensor); ``hints``: {(tensor, gap): Evict}, one offered
         beside them for that gap (a heuristic plan's own, so that the model's decisions include
-        that plan)."""
-        self.schedule, self.cost = schedule, cost
-        self.touch = touch if touch is not None else touches(schedule)
+        that plan). ``facts``: the schedule's facts.Facts."""
+        schedule = facts.schedule
+        self.schedule, self.cost, self.facts, self.touch = schedule, cost, facts, facts.touch
         self.options = options if options is not None else algorithm_options(schedule, cost)
         steps, tensors = schedule.steps, schedule.tensors
         self.n = n = len(steps)
@@ -70,8 +70,7 @@ class Model:
         # a step's workspace is counted as its algorithm's (or, without a choice, its own) by
         # _algo_terms, for the step and for each rerun of it: not as a touched tensor
         self.skip = {st.ws for st in steps if st.ws is not None}
-        self.producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
-        self.keep = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+        self.producer, self.keep = facts.producer, facts.keep
         self.names, self.lo, self.hi, self.integer = [], [], [], []
         self.d, self.o, self.x, self.R, self.z = {}, {}, {}, {}, {}
         self.u, self.w = {}, {}                           # (t, g, hold) -> offload var; (t, g, lead) -> prefetch var

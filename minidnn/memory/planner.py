@@ -22,7 +22,8 @@ from .greedy import AutoPolicy, Greedy  # noqa: F401  (AutoPolicy: the planner's
 from .knobs import Knobs
 from .placement import place_program
 from .plan import Plan
-from .program import lower, touches
+from .facts import Facts
+from .program import lower
 from .search import Problem, Search
 from .simulator import memory_curve, simulate
 
@@ -69,15 +70,16 @@ def lower_bound(schedule, algos=None) -> int:
     return schedule.persistent_bytes + best
 
 
-def make_plan(schedule, evictions, cost, policy, budget=None, baseline=None, touch=None, algos=None,
+def make_plan(schedule, evictions, cost, policy, *, budget=None, baseline=None, facts=None, algos=None,
               program=None, simulation=None, keep_within=0, arena_limit=None, liveness=None, least=None,
               baseline_algos=None, base=None, checkpoints=0) -> Plan:
     """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
     is that replay already, or the arena exceeds ``arena_limit``) ``evictions`` with ``algos``; the
-    Plan (not yet checked against a budget). ``liveness``, ``least``: the schedule's liveness peak and
-    lower bound (the liveness peak is this plan's own where nothing is evicted). ``base``,
-    ``checkpoints``: as program.lower's (the same Program, sooner)."""
-    program = program if program is not None else lower(schedule, evictions, touch, algos, keep_within, base,
+    Plan (not yet checked against a budget). ``facts``: the schedule's facts.Facts (None: derived
+    here). ``liveness``, ``least``: the schedule's liveness peak and lower bound (the liveness peak
+    is this plan's own where nothing is evicted). ``base``, ``checkpoints``: as program.lower's (the
+    same Program, sooner)."""
+    program = program if program is not None else lower(schedule, evictions, facts, algos, keep_within, base,
                                                          checkpoints)
     offsets, arena, how = place_program(program)
     persistent = schedule.persistent_bytes
@@ -120,18 +122,18 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
     """
     config = config or MemoryConfig()
     cost = CachedCost(cost or ProfileCost(config.profile))
-    touch = touches(schedule)
+    facts = Facts(schedule)
     options = algorithm_options(schedule, cost, pinned=config.algorithms != "auto")
     quick = fastest(options)
-    unlimited = lower(schedule, {}, touch, quick)
+    unlimited = lower(schedule, {}, facts, quick)
     baseline = simulate(unlimited, schedule, cost, algos=quick)
     liveness = schedule.persistent_bytes + int(memory_curve(unlimited).max(initial=0))
     least_bytes = lower_bound(schedule, smallest(options))
     budget = config.resolve(liveness)
     # the unlimited plan is placed only where it may be the answer: its arena is at least its liveness peak
     if budget is None or liveness <= budget or config.policy == "none":
-        base = make_plan(schedule, {}, cost, "none", budget, baseline, touch, quick, unlimited, baseline,
-                         liveness=liveness, least=least_bytes)
+        base = make_plan(schedule, {}, cost, "none", budget=budget, baseline=baseline, facts=facts, algos=quick,
+                         program=unlimited, simulation=baseline, liveness=liveness, least=least_bytes)
         if budget is None or base.peak_bytes <= budget or config.policy == "none":
             if budget is not None and base.peak_bytes > budget:
                 raise MemoryBudgetError(
@@ -142,19 +144,21 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
     policy = config.policy_object()
 
     def make(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None, base=None):
-        return make_plan(schedule, ev, cost, policy.name, budget, baseline, touch, algos, program, simulation,
-                         keep_within, arena_limit, liveness, least_bytes, quick, base, knobs.lowering_checkpoints)
+        return make_plan(schedule, ev, cost, policy.name, budget=budget, baseline=baseline, facts=facts,
+                         algos=algos, program=program, simulation=simulation, keep_within=keep_within,
+                         arena_limit=arena_limit, liveness=liveness, least=least_bytes, baseline_algos=quick,
+                         base=base, checkpoints=knobs.lowering_checkpoints)
     build = Builds(make, knobs.kept_builds)
 
-    problem = Problem(schedule, cost, touch, budget - schedule.persistent_bytes, options, quick, build,
-                      baseline.seconds, knobs)
+    problem = Problem(facts, cost, budget - schedule.persistent_bytes, options, quick, build, baseline.seconds,
+                      knobs)
     search = Search(problem)
     best = search.run(policy)
     if best is not None:
         return dataclasses.replace(best, log=tuple(search.log))
-    least = minimum_plan(schedule, cost, touch, build, options)
+    least = minimum_plan(facts, cost, build, options)
     if least.peak_bytes > budget:   # where evicting fragments more than it frees, evicting nothing needs less
-        full = make_plan(schedule, {}, None, "none", touch=touch, algos=quick, program=unlimited)
+        full = make_plan(schedule, {}, None, "none", facts=facts, algos=quick, program=unlimited)
         least = min((least, full), key=lambda p: p.peak_bytes)
         _infeasible(budget, least.peak_bytes, least)
     if policy.name != "auto":
@@ -204,9 +208,9 @@ def unlimited_seconds(schedule, config: MemoryConfig = None, cost=None) -> float
     return simulate(lower(schedule, {}, None, quick), schedule, cost, algos=quick).seconds
 
 
-def minimum_plan(schedule, cost, touch, build, options):
+def minimum_plan(facts, cost, build, options):
     """Everything evictable evicted, just in time, smallest workspaces: the least this planner needs."""
-    return build(Greedy(schedule, cost, touch, True, True).all(), smallest(options))
+    return build(Greedy(facts, cost, True, True).all(), smallest(options))
 
 
 @_collector_paused
@@ -214,11 +218,11 @@ def minimum_bytes(schedule, config=None, cost=None) -> int:
     """The smallest budget ``plan_memory`` meets for ``schedule`` (what MemoryBudgetError reports)."""
     config = config or MemoryConfig()
     cost = CachedCost(cost or ProfileCost(config.profile))
-    touch = touches(schedule)
+    facts = Facts(schedule)
     options = algorithm_options(schedule, cost, pinned=config.algorithms != "auto")
-    least = minimum_plan(schedule, cost, touch,
-                         lambda ev, al: make_plan(schedule, ev, None, "minimum", touch=touch, algos=al), options)
-    full = make_plan(schedule, {}, None, "none", touch=touch, algos=fastest(options))
+    least = minimum_plan(facts, cost, lambda ev, al: make_plan(schedule, ev, None, "minimum", facts=facts, algos=al),
+                         options)
+    full = make_plan(schedule, {}, None, "none", facts=facts, algos=fastest(options))
     return min(least.peak_bytes, full.peak_bytes)
 
 

@@ -1,7 +1,7 @@
 """Memory policies by name, and the one protocol every policy implements.
 
 A policy is an object with a ``name`` and one method, ``chooser``: given the
-fixed facts of one schedule it returns a function from an arena limit (bytes)
+fixed facts of one schedule (facts.Facts) it returns a function from an arena limit (bytes)
 to ``(evictions {(tensor, gap): Evict}, algorithms {step: Algo})``, or
 ``(None, None)`` where it cannot meet that limit. ``plan_memory`` asks it for
 several limits while it searches (a resumable policy such as the greedy
@@ -18,8 +18,8 @@ from .greedy import AutoPolicy
 class Policy(Protocol):
     name: str
 
-    def chooser(self, schedule, cost, touch, options: dict, algos: dict) -> Callable[[int], tuple]:
-        """limit -> (evictions or None, algorithms or None) for ``schedule``."""
+    def chooser(self, facts, cost, options: dict, algos: dict) -> Callable[[int], tuple]:
+        """limit -> (evictions or None, algorithms or None) for ``facts.schedule``."""
 
 
 class NoEviction:
@@ -27,7 +27,7 @@ class NoEviction:
 
     name = "none"
 
-    def chooser(self, schedule, cost, touch, options, algos):
+    def chooser(self, facts, cost, options, algos):
         return lambda limit: (None, None)
 
 

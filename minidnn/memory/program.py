@@ -32,6 +32,7 @@ import numpy as np
 
 from ..graph import Node, Spec
 from ..schedule import WORKSPACE, Step, Tensor, aligned
+from .facts import Facts, Touches, arena_touches
 
 
 @dataclass(frozen=True)
@@ -73,36 +74,6 @@ class Program:
         for a in arrays:
             a.flags.writeable = False
         return arrays
-
-
-class Touches(dict):
-    """tensor id -> sorted schedule step indices that touch it (arena tensors only); ``by_step``:
-    what each schedule step touches of them (each once, in the step's order), for the lowering."""
-    by_step: list
-
-    def ordered(self):
-        """(tensor id, steps) by tensor id: the explicit order every list of candidates is built in,
-        so that ties among them fall the same way however this map was built."""
-        return sorted(self.items())
-
-
-def _arena_touches(schedule, tensors) -> list:
-    """For each schedule step, the arena tensors it touches: each once, in the step's order."""
-    arena = [not t.persistent for t in tensors]
-    return [tuple([t for t in dict.fromkeys(s.touched) if arena[t]]) for s in schedule.steps]
-
-
-def touches(schedule) -> Touches:
-    """The schedule's :class:`Touches` (computed once per plan: every lowering reads them)."""
-    out = Touches()
-    out.by_step = _arena_touches(schedule, schedule.tensors)
-    for s, used in zip(schedule.steps, out.by_step):
-        for t in used:
-            if t in out:
-                out[t].append(s.index)
-            else:
-                out[t] = [s.index]
-    return out
 
 
 @dataclass(frozen=True)
@@ -161,9 +132,10 @@ def shared_steps(touch, old, new, n) -> int:
     return first
 
 
-def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0, base=None, checkpoints=0) -> Program:
+def lower(schedule, evictions: dict, facts=None, algos=None, keep_within=0, base=None, checkpoints=0) -> Program:
     """Build the Program for ``evictions``: {(tensor id, gap index): Evict}, running each
-    schedule step i with algorithm ``algos[i]`` (an ops.base.Algo) where given.
+    schedule step i with algorithm ``algos[i]`` (an ops.base.Algo) where given. ``facts``: the
+    schedule's facts.Facts (or only its touch map; None: derived here).
 
     A recomputation whose input was dropped too recomputes that input first (a chain). The
     input is then dropped again, unless its own next use is at most ``keep_within`` schedule
@@ -176,8 +148,8 @@ def lower(schedule, evictions: dict, touch=None, algos=None, keep_within=0, base
     pass the lowering of ``evictions`` repeats from its last checkpoint that :func:`shared_steps`
     allows (with the same algorithms and horizon) instead of from the first step. The Program is
     the same either way (tests/test_planning_time_lowering.py)."""
-    return _Lowering(schedule, evictions, touch if touch is not None else touches(schedule), algos or {},
-                     keep_within, checkpoints).run(base)
+    facts = facts if isinstance(facts, Facts) else Facts(schedule, facts)
+    return _Lowering(schedule, evictions, facts, algos or {}, keep_within, checkpoints).run(base)
 
 
 def recompute_seconds(t, at, touch, producer, secs, tensors) -> float:
@@ -312,7 +284,8 @@ _step_fields = operator.attrgetter(*(f.name for f in fields(Step)))   # a Step's
 
 
 class _Lowering:
-    def __init__(self, schedule, evictions, touch, algos, keep_within=0, checkpoints=0):
+    def __init__(self, schedule, evictions, facts, algos, keep_within=0, checkpoints=0):
+        touch = facts.touch
         self.sched, self.touch, self.algos, self.keep_within = schedule, touch, algos, keep_within
         self.evictions = evictions
         n = len(schedule.steps)
@@ -329,8 +302,7 @@ class _Lowering:
         self.host_valid: set = set()
         self.host_slots: dict = {}
         self.host_bytes = 0
-        self.producer = {t: s for s in schedule.steps if s.kind == "forward" for t in s.outs}
-        self.keep_to_end = set(schedule.outputs) | ({schedule.loss} if schedule.loss is not None else set())
+        self.producer, self.keep_to_end = facts.producer, facts.keep
         self.after = defaultdict(list)        # schedule step -> [(tensor, Evict)] after it
         self.early = defaultdict(list)        # schedule step -> [tensor] whose offload is issued with it
         self.prefetch_at = defaultdict(list)  # schedule step -> [tensor] prefetched before it
@@ -475,7 +447,7 @@ class _Lowering:
         start = self.resume(base)
         tensors, touch, cur, res = self.tensors, self.touch, self.cur, self.res
         algos, after, prefetch_at, keep_to_end = self.algos, self.after, self.prefetch_at, self.keep_to_end
-        arena = touch.by_step if isinstance(touch, Touches) else _arena_touches(self.sched, tensors)
+        arena = touch.by_step if isinstance(touch, Touches) else arena_touches(self.sched)
         stride = self.stride
         for s, touched in zip(self.sched.steps[start:], arena[start:]):
             now = self.now = s.index

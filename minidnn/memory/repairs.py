@@ -40,9 +40,9 @@ def _retimed(step, plan):
     """``plan`` with its copies retimed; where that still stalls (and may yet win), retimed once
     more from the retimed plan, whose lowering shows where recomputations restore what it prefetches."""
     p, fn = step.problem, step.plan_fn(plan)
-    q = hide_transfers(fn, plan, p.schedule, p.cost, p.limit, p.touch)
+    q = hide_transfers(fn, plan, p.facts, p.cost, p.limit)
     if q is not None and stalls(q) and not step.behind(q):
-        q = fastest(q, hide_transfers(fn, q, p.schedule, p.cost, p.limit, p.touch))
+        q = fastest(q, hide_transfers(fn, q, p.facts, p.cost, p.limit))
     return q
 
 
@@ -90,7 +90,7 @@ class OffloadRecomputations:
 
     def _offloaded(self, plan, step, share):
         p = step.problem
-        more = offload_recomputations(step.plan_fn(plan), plan, p.schedule, p.cost, p.limit, p.touch, share,
+        more = offload_recomputations(step.plan_fn(plan), plan, p.facts, p.cost, p.limit, share,
                                       self.chains)
         if more is None:
             return None
@@ -111,7 +111,7 @@ class RecomputeStalled:
 
     def apply(self, plan, step):
         p = step.problem
-        out = recompute_stalled(step.plan_fn(plan), plan, p.schedule, p.touch, p.cost)
+        out = recompute_stalled(step.plan_fn(plan), plan, p.facts, p.cost)
         return None if out is plan else out
 
 
@@ -159,7 +159,7 @@ class KeepRecomputed:
 
     def apply(self, plan, step):
         p, best = step.problem, plan
-        sched, touch = p.schedule, p.touch
+        sched, touch = p.schedule, p.facts.touch
         redo = restoring(plan, len(sched.steps))
         ranked = sorted(((redo[touch[t][g + 1]] / sched.tensor_bytes[t], (t, g))
                          for (t, g), ev in plan.evictions.items() if ev.kind == "recompute"), reverse=True)

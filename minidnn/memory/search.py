@@ -46,13 +46,13 @@ class Trial:
 
 @dataclass
 class Problem:
-    """What is fixed while planning: schedule, cost model, touches, arena limit, algorithm options,
-    the fastest algorithms, ``build(evictions, algos, program, simulation, keep_within,
-    arena_limit, base) -> Plan`` (planner.Builds) and the unlimited step's predicted seconds."""
+    """What is fixed while planning: the schedule's facts (facts.Facts), cost model, arena limit,
+    algorithm options, the fastest algorithms, ``build(evictions, algos, program, simulation,
+    keep_within, arena_limit, base) -> Plan`` (planner.Builds) and the unlimited step's predicted
+    seconds."""
 
-    schedule: object
+    facts: object
     cost: object
-    touch: dict
     limit: int
     options: dict
     fastest: dict
@@ -60,8 +60,12 @@ class Problem:
     baseline_seconds: float
     knobs: Knobs = field(default_factory=Knobs)
 
+    @property
+    def schedule(self):
+        return self.facts.schedule
+
     def chooser(self, policy):
-        return policy.chooser(self.schedule, self.cost, self.touch, self.options, self.fastest)
+        return policy.chooser(self.facts, self.cost, self.options, self.fastest)
 
 
 def seeds(policy, problem):
@@ -83,13 +87,13 @@ def seeds(policy, problem):
         out.append(("copies-free", "copies ranked as if they took nothing from compute",
                     problem.chooser(AutoPolicy(copies_free=True, knobs=k)), True, True))
     sqrt = CheckpointSqrt()
-    if sqrt.rework(sched, problem.touch) <= knobs.sqrt_rework:
+    if sqrt.rework(problem.facts) <= knobs.sqrt_rework:
         segments = None
 
         def sqrt_chooser(target):        # the same segments for every target: computed once
             nonlocal segments
             if segments is None:
-                segments = sqrt.evictions(sched, math.inf, problem.cost, problem.touch, problem.fastest) or {}
+                segments = sqrt.evictions(problem.facts, math.inf, problem.cost, problem.fastest) or {}
             return (segments or None), problem.fastest
         out.append(("checkpoint_sqrt", "Chen et al.'s sqrt(n) segments, then copies where the stream has room",
                     sqrt_chooser, True, False))   # (not pruned: the horizon search removes their rework)
@@ -280,7 +284,7 @@ class Search:
                 return None, None
             key = (frozenset(ev.items()), frozenset(chosen.items()), keep_within)
             if key not in memo:                  # (a fixed rule answers every target alike)
-                program = lower(p.schedule, ev, p.touch, chosen, keep_within,
+                program = lower(p.schedule, ev, p.facts, chosen, keep_within,
                                 checkpoints=p.knobs.lowering_checkpoints)
                 memo[key] = [program, int(memory_curve(program).max(initial=0)), None, None]
             entry = memo[key]

@@ -82,7 +82,7 @@ def restoring(plan, n) -> np.ndarray:
     return out
 
 
-def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.0, chains=False):
+def offload_recomputations(plan_fn, plan, facts, cost, limit, share=1.0, chains=False):
     """``plan`` with the recomputations that cost the most per byte turned into offloads, as many
     as the copy stream can carry during the forward beside the plan's own offloads (``share``: that
     fraction of them, the costliest: by their producer's step per copy second, or with ``chains``
@@ -92,10 +92,9 @@ def offload_recomputations(plan_fn, plan, schedule, cost, limit, touch, share=1.
     The policy charges copies a bias, because the copy stream is shared; once the plan's transfers
     are timed, what is left of the stream is known: a queue released over the forward steps fits
     by its end if, for every step, the copies released from it on fit in the time left."""
+    schedule, touch, producer, last_forward = facts.schedule, facts.touch, facts.producer, facts.last_forward
     steps = schedule.steps
-    last_forward = max(s.index for s in steps if s.kind == "forward")
     cum = timeline(plan, schedule)[0]
-    producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
     slack = cum[last_forward + 1] - cum[1:last_forward + 2]   # slack[a]: copy time left after step a
     if chains:
         chain = restoring(plan, len(steps))      # by the step a chain restores before
@@ -222,7 +221,7 @@ def _saved(cum, reach, j, lead) -> float:
     return cum[j + 1] - max(cum[j], start) if lead else min(cum[j + 1], end) - cum[j]
 
 
-def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
+def hide_transfers(plan_fn, plan, facts, cost, limit, tries=3):
     """``plan`` with its transfers retimed to overlap compute, or None where that does not fit.
 
     Each buffer is held after its offload until the copy is predicted done (``delay``), and each
@@ -246,6 +245,7 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
     if not offloads:
         return None
+    schedule, touch = facts.schedule, facts.touch
     cum, base, group = timeline(plan, schedule)
     fetched = defaultdict(list)          # tensor -> the schedule steps its prefetches are inserted before
     for p, st in enumerate(plan.program.steps):
@@ -329,15 +329,14 @@ def hide_transfers(plan_fn, plan, schedule, cost, limit, touch, tries=3):
     return fastest(on_queue, fitted(queued=False))
 
 
-def recompute_stalled(plan_fn, plan, schedule, touch, cost, rounds=2):
+def recompute_stalled(plan_fn, plan, facts, cost, rounds=2):
     """``plan`` with the offloads that its compute waits for turned into recomputations, again
     while that is predicted faster. A wait (a prefetch arriving late, or a free waiting for its
     offload) means the copy stream is behind: recomputing the tensor in the backward takes its
     two copies off the stream, which is worth it where they are predicted to take over a
     thousandth of the step longer than its producer's forward."""
+    schedule, touch, producer, last_forward = facts.schedule, facts.touch, facts.producer, facts.last_forward
     steps = schedule.steps
-    last_forward = max(s.index for s in steps if s.kind == "forward")
-    producer = {t: s for s in steps if s.kind == "forward" for t in s.outs}
     secs = [cost.step_seconds(schedule, s) for s in steps]
     for _ in range(rounds):
         least = 1e-3 * plan.simulation.seconds
