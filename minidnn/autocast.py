@@ -30,11 +30,15 @@ NATIVE_OPS = frozenset({"reshape", "slice"})
 
 
 class Autocast:
-    """The mixed-precision policy of one precision (its ``low`` dtype); holds no state of a graph."""
+    """The mixed-precision policy of one precision (its ``low`` dtype) on one backend, whose kernels
+    read and write the low dtypes themselves for the ops named in ``native`` (the CUDA backend's
+    NATIVE_OPS; none on the CPU backend: its kernels are fp32, so every other op is staged); holds
+    no state of a graph."""
 
-    def __init__(self, precision):
+    def __init__(self, precision, native=frozenset()):
         self.precision = precision
         self.low = precision.low
+        self.native = NATIVE_OPS | frozenset(native)
 
     def label_dtype(self, dtype):
         """A loss's target is fed as the trainer's fp32 (a low dtype is widened)."""
@@ -58,7 +62,7 @@ class Autocast:
             target = {i: FP32 for i in acts if is_low(inputs[i].dtype)} if FP32 in mixed and len(mixed) > 1 else {}
         inputs = [self._cast(graph, v, target[i]) if i in target and np.dtype(v.dtype) != target[i] else v
                   for i, v in enumerate(inputs)]
-        if (op.name not in NATIVE_OPS and not isinstance(op, Staged)
+        if (op.name not in self.native and not isinstance(op, Staged)
                 and any(is_low(v.dtype) for v in inputs)):
             op = staged(op)
         return op, inputs

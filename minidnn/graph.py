@@ -331,14 +331,16 @@ def find_graph(*args) -> Graph:
     raise TypeError("minidnn ops run on traced values: call the module through minidnn.compile")
 
 
-def trace(module, input_shape, dtype=np.float32, loss=None, precision=None) -> Graph:
+def trace(module, input_shape, dtype=np.float32, loss=None, precision=None, native=frozenset()) -> Graph:
     """Trace ``module`` (and optionally ``loss`` on its output) into a Graph.
 
     ``input_shape`` includes the batch dimension. With ``loss``, the graph gets
     a label input of ``label_shape`` (default: ``(batch,)`` int64 class indices)
     and its single output is the scalar loss; otherwise the module's outputs.
     ``precision`` (a name or minidnn.precision.Precision; None: fp32): under bf16/fp16 the
-    graph inserts the casts of mixed precision as it records (minidnn.autocast).
+    graph inserts the casts of mixed precision as it records (minidnn.autocast); ``native``: the
+    ops whose kernels read and write the low dtype on the backend it is traced for (the others are
+    staged through fp32).
     """
     g = Graph()
     if precision is not None:
@@ -349,7 +351,7 @@ def trace(module, input_shape, dtype=np.float32, loss=None, precision=None) -> G
             if np.dtype(dtype) != np.float32:
                 raise ShapeError(f"precision {g.precision.name} trains fp32 master weights: the dtype must be "
                                  f"float32, got {np.dtype(dtype).name}")
-            g.autocast = Autocast(g.precision)
+            g.autocast = Autocast(g.precision, native)
     g.module_paths = {id(m): p for p, m in module.named_modules()}
     if loss is not None:
         g.module_paths[id(loss)] = "loss"

@@ -157,15 +157,16 @@ def split_graph(graph: Graph, k: int) -> Graph:
     return g
 
 
-def step_splits(net, input_shape, loss, optimizer, dtype=np.float32, precision=None):
+def step_splits(net, input_shape, loss, optimizer, dtype=np.float32, precision=None, native=frozenset()):
     """The :class:`~minidnn.memory.subbatch.Splits` of a training step of ``net`` on ``input_shape``
     (batch first): b -> (a sub-batch of b samples adding its gradients, the update alone), and
-    (b, k) -> the k sub-batches of b in one graph, staged between BatchNorms."""
+    (b, k) -> the k sub-batches of b in one graph, staged between BatchNorms. ``native``: as
+    graph.trace's."""
     from .autograd import build_schedule, build_update_schedule
     from .memory.subbatch import Splits
 
     def graph_of(b):
-        return trace(net, (b,) + tuple(input_shape[1:]), dtype, loss=loss, precision=precision)
+        return trace(net, (b,) + tuple(input_shape[1:]), dtype, loss=loss, precision=precision, native=native)
 
     def sub(b):
         graph = graph_of(b)

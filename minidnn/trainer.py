@@ -117,12 +117,13 @@ class Trainer:
         """Training steps trace the modules in the modes the user set (a frozen BatchNorm stays
         frozen); ``predict`` traces everything in eval mode."""
         if training:
-            graph = trace(self.net, shape, self.dtype, loss=self.loss, precision=self.precision)
+            graph = trace(self.net, shape, self.dtype, loss=self.loss, precision=self.precision,
+                          native=self.backend.native_ops)
         else:
             modes = [(m, m.training) for m in self.net.modules()]
             self.net.eval()
             try:
-                graph = trace(self.net, shape, self.dtype, precision=self.precision)
+                graph = trace(self.net, shape, self.dtype, precision=self.precision, native=self.backend.native_ops)
             finally:
                 for m, mode in modes:
                     object.__setattr__(m, "training", mode)
@@ -147,7 +148,8 @@ class Trainer:
         """How a training step on ``shape`` is built as sub-batches (None: without an optimizer it is not)."""
         if self.optimizer is None:
             return None
-        return step_splits(self.net, shape, self.loss, self.optimizer, self.dtype, self.precision)
+        return step_splits(self.net, shape, self.loss, self.optimizer, self.dtype, self.precision,
+                           self.backend.native_ops)
 
     def _cost(self, base):
         """The cost model plans use on this backend (on CUDA: cuDNN's algorithms and times)."""

@@ -1,9 +1,12 @@
 """ResNet-50 training-step time on one GPU: minidnn unlimited and under budgets, beside PyTorch.
 
     python scripts/bench_cuda.py [--batch-size 64] [--image-size 224] [--steps 10] [--deadline S] [--out DIR]
+                                 [--precisions fp32,tf32,bf16,fp16] [--budgets none,0.5,0.25]
 
 Each configuration runs ``--warmup`` steps, then ``--steps`` timed steps (the median is
-reported), in float32 with and without TF32 convolutions. Both frameworks take the batch
+reported), in each of ``--precisions``: float32 with and without TF32 convolutions, and mixed
+precision as torch.autocast (bf16; fp16 with dynamic loss scaling), where PyTorch runs
+``torch.autocast("cuda", dtype)`` (and ``GradScaler`` for fp16). Both frameworks take the batch
 from host NumPy arrays every step and read the loss back (a synchronisation). PyTorch runs
 as its users run it, in a process of its own that never imports minidnn, with the environment
 less what ``import minidnn`` sets (scripts/peers.py): at its defaults (``cudnn.benchmark``
@@ -65,18 +68,19 @@ def release():
     cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
-def bench_minidnn(args, budget, tf32, data):
+def bench_minidnn(args, budget, precision, data):
     import minidnn as mdn
     from minidnn import models, nn, optim
     from minidnn.backend.cuda import create
     release()
     used0, _, _ = device_bytes()
-    backend = create(tf32=tf32)
+    backend = create(tf32=precision == "tf32")
     net = models.get("resnet50").init_parameters(0)
     t0 = time.perf_counter()
     trainer = mdn.compile(net, data[0][0].shape, nn.CrossEntropyLoss(),
                           optim.SGD(lr=0.01, momentum=0.9, weight_decay=1e-4), device=backend,
-                          memory=mdn.MemoryConfig(budget=budget, profile="measured"), trace_every=0)
+                          memory=mdn.MemoryConfig(budget=budget, profile="measured"), trace_every=0,
+                          precision=precision)
     compile_s = time.perf_counter() - t0
     plan = trainer.plan
     sec = timed(trainer.step, data, args.warmup, args.steps)
@@ -130,10 +134,11 @@ def torch_resnet50(torch):
     return tnn.Sequential(*layers)
 
 
-def bench_torch(args, tf32, data):
+def bench_torch(args, precision, data):
     """PyTorch's step, in this process (main() runs it in a process of its own: its caching allocator
     keeps what it held, which would count in the next configuration's device bytes; and minidnn's
-    environment settings stay out of it)."""
+    environment settings stay out of it). bf16/fp16: torch.autocast over the forward and the loss,
+    fp16 with GradScaler, as PyTorch's mixed-precision recipe runs them."""
     try:
         import torch
     except ImportError:
@@ -141,17 +146,21 @@ def bench_torch(args, tf32, data):
     if not torch.cuda.is_available():
         return {"skipped": f"torch {torch.__version__} has no CUDA device"}
     torch.backends.cudnn.benchmark = args.cudnn_benchmark    # PyTorch's default: off
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     net = torch_resnet50(torch).cuda()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(torch.from_numpy(x).cuda(non_blocking=False)), torch.from_numpy(y).cuda())
-        loss.backward()
-        opt.step()
+        with torch.autocast("cuda", dtype=low or torch.float32, enabled=low is not None):
+            loss = loss_fn(net(torch.from_numpy(x).cuda(non_blocking=False)), torch.from_numpy(y).cuda())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss.item()
 
     sec = timed(step, data, args.warmup, args.steps)
@@ -159,9 +168,9 @@ def bench_torch(args, tf32, data):
             "gpu": torch.cuda.get_device_name(), "side": peers.describe()}
 
 
-def torch_in_own_process(args, tf32, benchmark, seconds_left):
+def torch_in_own_process(args, precision, benchmark, seconds_left):
     import subprocess
-    cmd = [sys.executable, __file__, "--peer-only", "--tf32" if tf32 else "--fp32",
+    cmd = [sys.executable, __file__, "--peer-only", "--peer-precision", precision,
            "--batch-size", str(args.batch_size), "--image-size", str(args.image_size), "--steps", str(args.steps),
            "--warmup", str(args.warmup)] + (["--cudnn-benchmark"] if benchmark else [])
     try:
@@ -175,6 +184,18 @@ def torch_in_own_process(args, tf32, benchmark, seconds_left):
     return json.loads(lines[-1])
 
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def precisions(text):
+    """``--precisions``' list, each one of PRECISIONS."""
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in out if p not in PRECISIONS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"unknown precision {', '.join(bad) or text!r}: use {', '.join(PRECISIONS)}")
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch-size", type=int, default=64)
@@ -182,17 +203,18 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--budgets", default="none,0.5,0.25", help="comma-separated: none or fractions of the liveness peak")
-    p.add_argument("--precisions", default="fp32,tf32", help="comma-separated: fp32 and/or tf32 (convolutions)")
+    p.add_argument("--precisions", default="fp32,tf32", type=precisions,
+                   help="comma-separated, in the order run: fp32, tf32 (convolutions), bf16, fp16 (mixed precision "
+                        "as torch.autocast; fp16 with loss scaling)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds: start no configuration after this (the results so far are written)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--peer-only", action="store_true", help=argparse.SUPPRESS)   # PyTorch's own process
-    p.add_argument("--tf32", dest="peer_tf32", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--fp32", dest="peer_tf32", action="store_false", help=argparse.SUPPRESS)
+    p.add_argument("--peer-precision", default="fp32", type=precisions, help=argparse.SUPPRESS)
     p.add_argument("--cudnn-benchmark", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer_only:
-        print(json.dumps(bench_torch(args, args.peer_tf32, batches(args, 4))))
+        print(json.dumps(bench_torch(args, args.peer_precision[0], batches(args, 4))))
         return 0
     import minidnn  # noqa: F401  before NumPy: it sets OpenBLAS's thread timeout, read when NumPy loads OpenBLAS
     data = batches(args, 4)
@@ -201,12 +223,11 @@ def main(argv=None):
     report = {"model": "resnet50", "batch_size": args.batch_size, "image_size": args.image_size,
               "steps": args.steps, "machine": peers.machine(), "side": peers.describe(), "torch": {}, "minidnn": {}}
     os.makedirs(args.out, exist_ok=True)
-    for prec in args.precisions.split(","):
-        tf32 = prec == "tf32"
+    for prec in args.precisions:
         peer = report["torch"][prec] = {}
 
         def torch_run(label, benchmark):
-            peer[label] = torch_in_own_process(args, tf32, benchmark, left()) if left() > 0 else {"skipped": "deadline"}
+            peer[label] = torch_in_own_process(args, prec, benchmark, left()) if left() > 0 else {"skipped": "deadline"}
             print("pytorch", prec, label, peer[label], flush=True)
             timed_runs = {k: r for k, r in peer.items() if isinstance(r, dict) and "seconds" in r}
             if timed_runs:                  # the ratios are against the faster
@@ -221,7 +242,7 @@ def main(argv=None):
                 continue
             budget = None if b == "none" else float(b)
             try:
-                report["minidnn"][key] = bench_minidnn(args, budget, tf32, data)
+                report["minidnn"][key] = bench_minidnn(args, budget, prec, data)
             except Exception as e:   # one configuration failing must not lose the others' numbers
                 report["minidnn"][key] = {"error": f"{type(e).__name__}: {e}"}
             print("minidnn", key, report["minidnn"][key], flush=True)

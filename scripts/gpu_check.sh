@@ -9,10 +9,13 @@
 #      every core; a missing cuDNN piece fails the build)                       at most 25 s + 70 s
 #   2. minidnn info: stops here unless the cuda backend is available           at most 10 s
 #   3. the CUDA tests: every test whose name says cuda (the device-parametrized op, gradient and
-#      memory tests on "cuda", tests/test_cuda_*.py), 60 s per test           at most 180 s
-#   4. ResNet-50 at batch 64: minidnn unlimited and at 50% and 25% of its liveness peak, fp32 and
-#      TF32, against PyTorch; predicted vs measured ms, plan peak vs cudaMemGetInfo and CuPy's pool
-#      (scripts/bench_cuda.py)                                                 at most 150 s
+#      memory tests on "cuda", tests/test_cuda_*.py: bf16 and fp16 beside fp32, each op the backend
+#      runs natively in a 2-byte type against its fp32 result and a mixed-precision step against
+#      the CPU backend's), 60 s per test                                       at most 180 s
+#   4. ResNet-50 at batch 64: minidnn unlimited and at 50% of its liveness peak, in fp32, bf16,
+#      fp16 and TF32 (in that order: the deadline cuts the last), against PyTorch (autocast and
+#      GradScaler for bf16/fp16); predicted vs measured ms, plan peak vs cudaMemGetInfo and CuPy's
+#      pool (scripts/bench_cuda.py)                                            at most 150 s
 #   5. NCCL smoke: a data-parallel trainer over a communicator of one rank trains what one process
 #      trains (tests/test_nccl.py)                                             at most 45 s
 #
@@ -23,8 +26,9 @@
 #
 # --dry-run does everything but the GPU parts: pip resolves the install from the wheel folder
 # without installing (skipped, and said so, when the folder is absent), minidnn info runs without
-# stopping, the CUDA tests and the NCCL test are collected, the benchmark's options are read, and
-# the step limits are checked against the 8 minutes. CI runs it (tests/test_gpu_check.py).
+# stopping, the CUDA tests (the bf16/fp16 ones counted apart) and the NCCL test are collected, the
+# benchmark's options are read, and the step limits are checked against the 8 minutes. CI runs it
+# (tests/test_gpu_check.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry=0
@@ -54,6 +58,8 @@ summary="$logdir/summary.txt"
 
 # Step limits in seconds; their sum is the whole check's limit.
 T_DEPS=25 T_BUILD=70 T_INFO=10 T_TESTS=180 T_BENCH=150 T_NCCL=45
+# the benchmark starts no configuration past 120 s, so that it writes its report within its limit
+bench=(scripts/bench_cuda.py --precisions fp32,bf16,fp16,tf32 --budgets none,0.5 --steps 5 --warmup 2 --deadline 120)
 total=$((T_DEPS + T_BUILD + T_INFO + T_TESTS + T_BENCH + T_NCCL))
 
 note() { echo "$*" | tee -a "$summary"; }
@@ -124,15 +130,19 @@ if [ $dry = 1 ]; then
     step tests "$T_TESTS" "${pym[@]}" pytest -q -p no:cacheprovider --collect-only -k cuda tests/ \
         || { note "gpu_check: the CUDA tests do not collect"; exit 1; }
     grep -Eq "^tests/.*: [1-9][0-9]*$" "$logdir/tests.log" || { note "gpu_check: no CUDA test selected"; exit 1; }
-    step benchmark "$T_BENCH" "$py" scripts/bench_cuda.py --help || exit 1
+    mixed=$("${pym[@]}" pytest -q -p no:cacheprovider --collect-only -k "cuda and (bf16 or fp16)" tests/ 2>&1 \
+            | awk -F': ' '/^tests\/.*: [0-9]+$/ {n += $2} END {print n + 0}')
+    note "   bf16/fp16 CUDA tests among them: $mixed"
+    [ "$mixed" -gt 0 ] || { note "gpu_check: no bf16/fp16 CUDA test selected"; exit 1; }
+    # --help after the options: they are parsed (an unknown precision fails here) before the help
+    step benchmark "$T_BENCH" "$py" "${bench[@]}" --help || exit 1
     step nccl "$T_NCCL" "${pym[@]}" pytest -q -p no:cacheprovider --collect-only tests/test_nccl.py || exit 1
     note "gpu_check: dry run done"
     exit 0
 fi
 failed=0
 step tests "$T_TESTS" "${pym[@]}" pytest -q -p no:cacheprovider -rfs --timeout=60 -k cuda tests/ || failed=1
-# the benchmark starts no configuration past 120 s, so that it writes its report within its limit
-step benchmark "$T_BENCH" "$py" scripts/bench_cuda.py --steps 5 --warmup 2 --deadline 120 --out "$logdir" || failed=1
+step benchmark "$T_BENCH" "$py" "${bench[@]}" --out "$logdir" || failed=1
 step nccl "$T_NCCL" "${pym[@]}" pytest -q -p no:cacheprovider -rfs --timeout=40 tests/test_nccl.py || failed=1
 note "gpu_check: done$([ $failed = 1 ] && echo ', with failures')"
 exit $failed

@@ -1,5 +1,8 @@
-"""The CUDA backend's parts that run anywhere (the cuDNN binding's loading, versions and errors; why
-the backend is unavailable; ``minidnn info``) and, on a GPU, cuDNN's algorithms reaching the planner.
+"""The CUDA backend's parts that run anywhere (the cuDNN binding's loading, versions, errors and
+descriptor types; why the backend is unavailable; which precisions it refuses; ``minidnn info``; the
+planner with a stand-in for cuDNN, fp32, staged and 16-bit) and, on a GPU, cuDNN's algorithms reaching
+the planner and mixed precision (bf16, fp16): every op the backend runs natively in a 2-byte type
+against its own fp32 result, and training steps against the CPU backend's.
 
 Ops, gradients and memory plans run on CUDA through the ``device`` fixture of the other tests.
 """
@@ -68,6 +71,22 @@ def test_descriptor_rejects_an_unknown_dtype():
         b.Conv(1, 1, 4, 4, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, "int8")
 
 
+def test_16_bit_descriptors_hold_cudnns_16_bit_types_float_compute_and_tensor_op_math():
+    """Read back from cuDNN (no GPU needed): bf16/fp16 data and filters, FLOAT accumulation and tensor-op
+    math whatever TF32 says; float32 keeps FMA unless TF32 is allowed; float64 accumulates in double."""
+    b = binding_or_skip()
+    geom = (2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1)
+    for dtype, data in (("bfloat16", b.DATA_BFLOAT16), ("float16", b.DATA_HALF)):
+        for tf32 in (False, True):
+            assert b.Conv(*geom, dtype, tf32).types == (data, data, data, b.DATA_FLOAT, b.TENSOR_OP_MATH), dtype
+    f = b.DATA_FLOAT
+    assert b.Conv(*geom, "float32", False).types == (f, f, f, f, b.FMA_MATH)
+    assert b.Conv(*geom, "float32", True).types == (f, f, f, f, b.DEFAULT_MATH)
+    d = b.DATA_DOUBLE
+    assert b.Conv(*geom, "float64", False).types == (d, d, d, d, b.FMA_MATH)
+    assert b.Conv(*geom, "bfloat16", False).output_shape == [2, 4, 8, 8]
+
+
 # -- availability, without a GPU ----------------------------------------------------------------------
 
 def _net():
@@ -108,6 +127,23 @@ def test_unbuilt_binding_is_named(monkeypatch):
     assert s.binding is None and s.cudnn_version is None
     assert any("minidnn._cudnn was not built" in p for p in s.problems)
     assert "  cuDNN binding: not available" in s.lines()
+
+
+def test_cuda_precisions_and_what_is_refused_in_one_line():
+    """fp32, tf32 and fp16 run on every supported GPU; bf16 needs bfloat16 tensor cores (sm_80) and CuPy's
+    bfloat16 arrays (CuPy 14), and a refusal names what to use instead."""
+    from minidnn.backend.cuda.precision import check_precision
+    from minidnn.precision import get_precision
+    for name in ("fp32", "tf32", "bf16", "fp16"):
+        check_precision(get_precision(name), 90, 14)
+        check_precision(get_precision(name), 80, 14)
+    for name in ("fp32", "tf32", "fp16"):
+        check_precision(get_precision(name), 75, 13)
+    with pytest.raises(mdn.BackendUnavailable, match=r"sm_75.*precision='fp16'.*device='cpu'") as e:
+        check_precision(get_precision("bf16"), 75, 14)
+    assert "\n" not in str(e.value)
+    with pytest.raises(mdn.BackendUnavailable, match=r"CuPy 13 has no bfloat16.*cupy-cuda13x>=14"):
+        check_precision(get_precision("bf16"), 90, 13)
 
 
 def test_unknown_device_is_a_value_error():
@@ -424,3 +460,271 @@ def test_the_default_profile_on_a_gpu_is_that_gpus():
     assert get_profile(gpu_profile(CPU_PROFILE, "Some Future GPU")).name.startswith("h100")
     assert gpu_profile("v100-16gb", "NVIDIA H200") == "v100-16gb"
     assert gpu_profile("measured", "NVIDIA H200") == "measured"
+
+
+def test_find_runs_and_is_cached_per_dtype(tmp_path):
+    """A layer's bf16, fp16 and fp32 algorithms are measured and kept apart: one Find each, keys that name
+    the dtype, and the cache answers each with its own."""
+    conv_mod = pytest.importorskip("minidnn.backend.cuda.conv", reason="CuPy is not installed")
+    from minidnn.algo_cache import AlgoCache
+    from minidnn.ops.conv_algos import Geom
+    from minidnn.precision import BF16, FP16
+    runs = []
+
+    def fake_find(self, geom, pass_):
+        runs.append(np.dtype(geom.dtype).name)
+        ws = {"float32": 4000, "float16": 2000, "bfloat16": 3000}[np.dtype(geom.dtype).name]
+        return {"forward": {"IMPLICIT_PRECOMP_GEMM": (ws, 1e-3, 1), "IMPLICIT_GEMM": (0, 2e-3, 1)}}
+
+    cache = AlgoCache(tmp_path / "algos.json")
+    geoms = {dt: Geom(2, 3, 8, 8, 4, 3, 3, 8, 8, (1, 1), (1, 1), (1, 1), 1, np.dtype(dt))
+             for dt in (np.float32, FP16, BF16)}
+    first = conv_mod.CudnnConv(_FakeCudnn, None, cache=cache, device_name="Fake GPU")
+    first._find = fake_find.__get__(first)
+    got = {g.dtype.name: first.timed(g, "forward")["IMPLICIT_PRECOMP_GEMM"][0].workspace for g in geoms.values()}
+    assert got == {"float32": 4000, "float16": 2000, "bfloat16": 3000}
+    assert sorted(runs) == ["bfloat16", "float16", "float32"]
+    keys = {dt: first._cache_key(g, "forward") for dt, g in geoms.items()}
+    assert len(set(keys.values())) == 3 and '"dtype":"bfloat16"' in keys[BF16]
+    second = conv_mod.CudnnConv(_FakeCudnn, None, cache=cache, device_name="Fake GPU")
+    second._find = fake_find.__get__(second)
+    assert {g.dtype.name: second.timed(g, "forward")["IMPLICIT_PRECOMP_GEMM"][0].workspace
+            for g in geoms.values()} == got
+    assert len(runs) == 3                       # the second backend read all three from the cache
+
+
+class _DtypeConv(_FakeConv):
+    """A stand-in for cuDNN that records the dtype of every layer it is asked about."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def algorithms(self, op, ins, outs, pass_):
+        self.asked.append(np.dtype(ins[0].dtype).name)
+        return super().algorithms(op, ins, outs, pass_)
+
+    def seconds(self, op, ins, outs, pass_, name):
+        self.asked.append(np.dtype(ins[0].dtype).name)
+        return super().seconds(op, ins, outs, pass_, name)
+
+
+def test_a_convolution_is_planned_at_the_dtype_its_kernels_run_in():
+    """The cost model asks cuDNN about a bf16 convolution in bf16 where the op runs natively (cuDNN's own
+    workspaces), and in fp32 where it is staged through fp32 (ops.staging: the staging buffers added to
+    each workspace, as the staged op carves them)."""
+    from types import SimpleNamespace
+
+    from minidnn.backend.cuda.cost import DeviceCost, kernel_specs
+    from minidnn.graph import Spec
+    from minidnn.memory.costmodel import ProfileCost
+    from minidnn.ops.conv import Conv2dOp
+    from minidnn.ops.staging import staged
+    from minidnn.precision import BF16
+    from minidnn.schedule import aligned
+    ins, outs = [Spec((4, 8, 8, 8), BF16), Spec((8, 8, 3, 3), BF16)], [Spec((4, 8, 8, 8), BF16)]
+    for pass_ in ("forward", "backward"):
+        fake = _DtypeConv()
+        cost = DeviceCost(ProfileCost("h200-141gb"), SimpleNamespace(conv=fake))
+        native = cost.algorithms(Conv2dOp(padding=1), ins, outs, pass_)
+        assert fake.asked == ["bfloat16"]
+        assert [(a.name, a.workspace) for a in native] == [(a.name, a.workspace) for a, _ in fake.lists[pass_]]
+        op = staged(Conv2dOp(padding=1))
+        op.infer(*ins)
+        wide = cost.algorithms(op, ins, outs, pass_)
+        assert fake.asked == ["bfloat16", "float32"]
+        own, wide_specs = Conv2dOp(padding=1), kernel_specs(op, ins, outs, pass_)
+        if pass_ == "forward":       # the staging buffers: what the staged op's workspace adds to its own
+            extra = op.workspace(ins, outs) - aligned(own.workspace(*wide_specs))
+        else:
+            extra = op.backward_workspace(ins, outs) - aligned(own.backward_workspace(*wide_specs))
+        assert extra > 0
+        assert [(a.name, a.workspace) for a in wide] == [(a.name, aligned(a.workspace) + extra)
+                                                          for a, _ in fake.lists[pass_]]
+        assert [s.dtype for s in kernel_specs(op, ins, outs, pass_)[0]] == [np.float32, np.float32]
+        assert [s.dtype for s in kernel_specs(Conv2dOp(padding=1), ins, outs, pass_)[0]] == [BF16, BF16]
+
+
+def test_a_bf16_schedule_plans_with_a_devices_algorithms():
+    """`compile(precision="bf16")`'s schedule on the CUDA cost model: every convolution step takes one of the
+    device's algorithms, asked at the dtype its kernels run in, and a budget still trades workspaces."""
+    from types import SimpleNamespace
+
+    from minidnn.autograd import build_schedule
+    from minidnn.backend.cuda.cost import DeviceCost, kernel_specs
+    from minidnn.graph import trace
+    from minidnn.memory import MemoryConfig, plan_memory
+    from minidnn.memory.costmodel import ProfileCost
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.Flatten(), nn.Linear(8 * 8 * 8, 10)).init_parameters(0)
+    sched = build_schedule(trace(net, (4, 3, 8, 8), loss=nn.CrossEntropyLoss(), precision="bf16"),
+                           optimizer=optim.SGD(lr=0.1))
+    fake = _DtypeConv()
+    cost = DeviceCost(ProfileCost("h200-141gb"), SimpleNamespace(conv=fake))
+    convs = [s for s in sched.steps if s.node is not None and s.node.op.name == "conv2d"
+             and s.kind in ("forward", "backward")]
+    assert convs
+    runs_in = {np.dtype(kernel_specs(s.node.op, [v.spec for v in s.node.inputs], [o.spec for o in s.node.outputs],
+                                     s.kind)[0][0].dtype).name for s in convs}
+    free = plan_memory(sched, MemoryConfig(), cost)
+    assert set(fake.asked) == runs_in
+    assert {free.algos[s.index].name for s in convs} == {"FAST", "ALGO_1/ALGO_1"}
+    tight = plan_memory(sched, MemoryConfig(budget=free.peak_bytes - (1 << 20)), cost)
+    assert tight.peak_bytes <= tight.budget
+    assert any(tight.algos[s.index].workspace < free.algos[s.index].workspace for s in convs)
+
+
+def test_16_bit_gemms_accumulate_in_float32():
+    gemm = pytest.importorskip("minidnn.backend.cuda.gemm", reason="CuPy is not installed")
+    from cupy_backends.cuda.libs import cublas
+    assert {n: t[1] for n, t in gemm.TYPES.items()} == {
+        "float16": cublas.CUBLAS_COMPUTE_32F, "bfloat16": cublas.CUBLAS_COMPUTE_32F,
+        "float32": cublas.CUBLAS_COMPUTE_32F, "float64": cublas.CUBLAS_COMPUTE_64F}
+    assert all(t[2] == np.float32 for n, t in gemm.TYPES.items() if n != "float64")   # alpha, beta: float
+
+
+# -- mixed precision on a GPU ----------------------------------------------------------------------------
+# u = eps / 2 (round to nearest even), half the spacing of the subnormals, fp32's eps (as test_mixed_precision_ops)
+U = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+TINY = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}
+EPS32 = 2.0 ** -23
+BILINEAR = ("conv2d", "conv_transpose2d", "linear")     # cuDNN's and cuBLAS's ops; the others: minidnn's kernels
+
+
+def _native_cases():
+    from minidnn.backend.cuda.precision import NATIVE_OPS
+    from test_mixed_precision_ops import CASES
+    return [name for name, case in CASES.items() if case[0]().name in NATIVE_OPS]
+
+
+def _on_cuda(backend, op, arrays, gy, seed=0):
+    """(outputs, input gradients) as host arrays of ``op`` itself (never staged) on the CUDA backend, as
+    harness.run_op runs it on the CPU: each pass with the workspace it asks for, the backward with the
+    inputs and outputs the op saves."""
+    from minidnn.executor import Context
+    from minidnn.graph import Spec
+    xp = backend.xp
+    dev = [xp.asarray(a) for a in arrays]
+    specs = [Spec(a.shape, a.dtype) for a in arrays]
+    out_specs = op.infer(*specs)
+    outs = [xp.empty(s.shape, s.dtype) for s in out_specs]
+    gins = [None if i in op.no_grad_inputs else xp.empty(s.shape, s.dtype) for i, s in enumerate(specs)]
+    with backend.compute_scope():
+        op.forward(Context.on(backend, np.random.default_rng(seed)), dev, outs,
+                   backend.empty(op.workspace(specs, out_specs)))
+        op.backward(Context.on(backend, np.random.default_rng(seed)),
+                    [a if i in op.saved_inputs else None for i, a in enumerate(dev)],
+                    [o if i in op.saved_outputs else None for i, o in enumerate(outs)],
+                    [xp.asarray(gy, out_specs[0].dtype)] + [None] * (len(outs) - 1), gins,
+                    backend.empty(op.backward_workspace(specs, out_specs)))
+    backend.synchronize()
+    return [host(o) for o in outs], [None if g is None else host(g) for g in gins]
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", _native_cases())
+def test_op_in_low_precision_on_cuda_against_its_fp32_result(name, precision):
+    """Every op the CUDA backend runs natively in a 2-byte type, forward and gradients, against the same op in
+    fp32 on CUDA on the same (rounded) values.
+
+    - minidnn's kernels (ReLU, add, the pools, BatchNorm): a 2-byte kernel widens exactly, computes as the
+      float kernel (sums in double, arithmetic in float) and rounds once (kernel_sources), so its result is
+      the fp32 result rounded, bit for bit; BatchNorm's fp32 statistics and parameter gradients are equal.
+      Eval-mode BatchNorm's parameter gradients are CuPy's per-channel sums of the 2-byte gy: rounded once
+      after an fp32 accumulation, within u |g| + 2 K eps32 S (S = the sum of the terms' magnitudes).
+    - cuDNN's convolutions and cuBLAS's GEMMs: both runs accumulate in fp32, in orders of their own, each
+      within K eps32 S of the exact sum (K: the reduction length, at most the largest array here; S: the op
+      on the inputs' and gy's magnitudes, in float64 on the CPU); the 2-byte result is rounded (u |y|), and
+      one intermediate rounding is allowed (the bias added to cuDNN's rounded result, a transform's operands
+      kept in the data type): u S. Bound: u |y32| + (1.02 u + 2 K eps32) S + tiny. An fp16/bf16 accumulation
+      would miss it by up to K u S."""
+    from harness import rng_for, run_op
+    from minidnn.graph import Spec
+    from minidnn.precision import BF16, FP16, FP32
+    from test_mixed_precision_ops import CASES
+    backend = get_backend("cuda")
+    make, raw, rounded, _, _ = CASES[name]
+    low, u, tiny = {"bf16": BF16, "fp16": FP16}[precision], U[precision], TINY[precision]
+    lows = [a.astype(low) if i in rounded else a for i, a in enumerate(raw)]
+    wide = [a.astype(FP32) if i in rounded else a for i, a in enumerate(lows)]      # the same values in fp32
+    shape = make().infer(*[Spec(a.shape, a.dtype) for a in wide])[0].shape
+    gy = rng_for("cuda-mp", name, "gy").standard_normal(shape).astype(np.float32).astype(low)
+    outs32, g32 = _on_cuda(backend, make(), wide, gy.astype(FP32))
+    outs, glow = _on_cuda(backend, make(), lows, gy)
+    assert outs[0].dtype == low and outs32[0].dtype == FP32
+    op = make()
+    # (2-byte run's array, fp32 run's, the input whose gradient it is: None for an output); the outputs are
+    # the result and those the backward reads (eval-mode BatchNorm leaves its mean output unwritten)
+    checks = [(a, b, None) for j, (a, b) in enumerate(zip(outs, outs32)) if j == 0 or j in op.saved_outputs]
+    checks += [(a, b, i) for i, (a, b) in enumerate(zip(glow, g32)) if a is not None]
+    if op.name in BILINEAR:
+        k = max([a.size for a in raw] + [gy.size])
+        s_outs, s_grads = run_op(make(), [np.abs(a.astype(np.float64)) for a in wide],
+                                 np.abs(gy.astype(np.float64)))
+        for a, b, i in checks:
+            s = s_outs[0] if i is None else s_grads[i]
+            bound = u * np.abs(b) + (1.02 * u + 2 * k * EPS32) * s + tiny
+            err = np.abs(a.astype(np.float64) - b)
+            assert np.all(err <= bound), (name, i, float((err / bound).max()))
+        return
+    frozen = op.name == "batch_norm2d" and not op.training
+    for a, b, i in checks:
+        if frozen and i in (1, 2):          # d gamma = sum gy * xhat, d beta = sum gy, per channel
+            xhat = (wide[0] - wide[3].reshape(1, -1, 1, 1)) / np.sqrt(wide[4].reshape(1, -1, 1, 1) + op.eps)
+            terms = np.abs(gy.astype(np.float64)) * (np.abs(xhat) if i == 1 else 1.0)
+            s, k = terms.sum(axis=(0, 2, 3)), gy.size // gy.shape[1]
+            assert np.all(np.abs(a.astype(np.float64) - b) <= u * np.abs(b) + 2 * k * EPS32 * s + tiny), (name, i)
+        else:                               # a 2-byte result is the fp32 one rounded; an fp32 one is equal
+            assert a.dtype in (low, FP32) and np.array_equal(a, b.astype(a.dtype), equal_nan=True), (name, i)
+
+
+class _Residual(nn.Module):
+    """conv-BN-ReLU-maxpool, conv-BN + residual add-ReLU, global average pool, linear: the ops the CUDA backend
+    runs natively in bf16/fp16 (precision.NATIVE_OPS), the casts between, and one staged op (the pool)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1, self.pool = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.MaxPool2d(2)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.pool(nn.relu(self.bn1(self.conv1(x))))
+        y = nn.relu(self.bn2(self.conv2(y)) + y)
+        return self.fc(nn.flatten(nn.functional.adaptive_avg_pool2d(y)))
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_step_on_cuda_equals_the_cpus(precision):
+    """One bf16/fp16 training step on CUDA against the same step on the CPU backend, same weights and batch.
+
+    The two run the same graph on the same values and differ only in the order of their fp32 accumulations
+    (cuDNN/cuBLAS against the CPU's kernels): within 2 K eps32 of each result's magnitude, K the longest
+    reduction (conv2: 8 * 3 * 3), which may flip the rounding of a 2-byte result: 2 u relative. Each of the
+    D = 6 ops of the forward that round a result (two convolutions, two BatchNorms, the average pool, the
+    linear layer) passes a relative error on with gain about 1 (BatchNorm renormalizes), so the loss and the
+    BatchNorm statistics agree within R = D (2 u + 2 K eps32) relative, and the gradients, through as many
+    rounding ops again in the backward, within 2 R (max-norm, per tensor). bf16: R = 0.047, fp16: 0.006."""
+    u, k, depth = U[precision], 8 * 3 * 3, 6
+    r = depth * (2 * u + 2 * k * EPS32)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 8)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        net = _Residual().init_parameters(0)
+        tr = mdn.compile(net, x.shape, nn.CrossEntropyLoss(), optim.SGD(lr=0.1, momentum=0.9), device=device,
+                         precision=precision)
+        loss = tr.step(x, y)
+        runs[device] = (loss, {n: host(p.grad) for n, p in net.named_parameters()},
+                        {n: host(b.data) for n, b in net.named_buffers() if "running" in n},
+                        tr.scaler.state_dict() if tr.scaler is not None else None)
+    (lc, gc, bc, sc), (lg, gg, bg, sg) = runs["cpu"], runs["cuda"]
+    assert np.isfinite(lg) and abs(lg - lc) <= r * max(1.0, abs(lc)), (lg, lc)
+    assert sc == sg                                  # fp16: the same loss scale, no step skipped
+    for n, g in gc.items():
+        assert gg[n].dtype == np.float32 and np.abs(g).max() > 0, n          # fp32 master gradients
+        assert np.abs(gg[n] - g).max() <= 2 * r * np.abs(g).max(), (n, float(np.abs(gg[n] - g).max()))
+    for n, b in bc.items():
+        assert np.abs(bg[n] - b).max() <= r * np.abs(b).max(), n

@@ -15,7 +15,7 @@ import pytest
 import minidnn as mdn
 from harness import run_op
 from minidnn import nn, optim
-from minidnn.errors import BackendUnavailable, CheckpointError, ConfigError
+from minidnn.errors import CheckpointError, ConfigError
 from minidnn.ops.conv import Conv2dOp
 from minidnn.ops.linear import LinearOp
 from minidnn.ops.norm import BatchNorm2dOp
@@ -71,13 +71,23 @@ def test_bad_precision_and_dtype_are_refused_in_one_line_leaving_the_net():
         assert np.array_equal(np.asarray(v), before[k]) and np.asarray(v).dtype == before[k].dtype
 
 
-def test_cuda_backend_refuses_mixed_precision_without_a_gpu():
-    from minidnn.backend.cuda.precision import check_precision
-    check_precision(get_precision("fp32"))
-    check_precision(get_precision("tf32"))
-    for p in ("bf16", "fp16"):
-        with pytest.raises(BackendUnavailable, match=f"precision {p}: the CUDA backend does not run mixed"):
-            check_precision(get_precision(p))
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_graph_traced_for_native_kernels_stages_only_the_others(precision):
+    """Traced for the CPU backend (no native low-precision kernels) every op that reads the low dtype
+    is staged through fp32; traced for the CUDA backend's kernels (its NATIVE_OPS) those ops keep
+    their own class and read the low dtype, and only the others are staged. The casts are the same."""
+    from minidnn.backend.cuda.precision import NATIVE_OPS
+    from minidnn.graph import trace
+    from minidnn.ops.staging import Staged
+    cpu = trace(Small(), (4, 3, 8, 8), loss=nn.CrossEntropyLoss(), precision=precision)
+    gpu = trace(Small(), (4, 3, 8, 8), loss=nn.CrossEntropyLoss(), precision=precision, native=NATIVE_OPS)
+    assert [n.op.name for n in cpu.nodes] == [n.op.name for n in gpu.nodes]
+    reads_low = [any(is_low(v.dtype) for v in n.inputs) for n in cpu.nodes]
+    staged_cpu = {n.op.name for n, low in zip(cpu.nodes, reads_low) if low and isinstance(n.op, Staged)}
+    staged_gpu = {n.op.name for n, low in zip(gpu.nodes, reads_low) if low and isinstance(n.op, Staged)}
+    assert {"conv2d", "batch_norm2d", "relu", "add", "linear"} <= staged_cpu
+    assert staged_gpu == staged_cpu - NATIVE_OPS
+    assert all(not isinstance(n.op, Staged) for n in gpu.nodes if n.op.name in NATIVE_OPS)
 
 
 # -- the graph's casts and the bytes -----------------------------------------------------------

@@ -65,7 +65,31 @@ cudnnDataType_t data_type(const std::string& dtype) {
     if (dtype == "float32") return CUDNN_DATA_FLOAT;
     if (dtype == "float64") return CUDNN_DATA_DOUBLE;
     if (dtype == "float16") return CUDNN_DATA_HALF;
-    throw py::type_error("cuDNN convolution dtype must be float32, float64 or float16, got " + dtype);
+#if CUDNN_VERSION >= 8100
+    if (dtype == "bfloat16") return CUDNN_DATA_BFLOAT16;
+#endif
+    throw py::type_error("cuDNN convolution dtype must be float32, float64, float16 or bfloat16 (cuDNN 8.1+), got " +
+                         dtype);
+}
+
+bool is_16bit(cudnnDataType_t dt) {
+#if CUDNN_VERSION >= 8100
+    if (dt == CUDNN_DATA_BFLOAT16) return true;
+#endif
+    return dt == CUDNN_DATA_HALF;
+}
+
+// Mixed precision's convolutions: 16-bit data and filters, accumulated in float (cuDNN's
+// PSEUDO_HALF / PSEUDO_BFLOAT16 configurations); float and double accumulate in their own type.
+cudnnDataType_t compute_type(cudnnDataType_t dt) { return is_16bit(dt) ? CUDNN_DATA_FLOAT : dt; }
+
+// The math type a descriptor runs with unless a call names the one Find timed: tensor cores for
+// 16-bit data (TENSOR_OP: permitted, no down-conversion of the inputs); otherwise DEFAULT (TF32
+// for float) where the caller allows tensor ops and plain FMA where not, so float results stay
+// float-accurate.
+cudnnMathType_t default_math(cudnnDataType_t dt, bool allow_tensor_ops) {
+    if (is_16bit(dt)) return CUDNN_TENSOR_OP_MATH;
+    return allow_tensor_ops ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
 // The enumerators' names, without the common prefix; index = enum value.
@@ -129,9 +153,10 @@ class Handle {
 // The descriptors of one convolution: x (N, C, H, W), w (O, C/groups, kh, kw), y (N, O, OH, OW), NCHW.
 class Conv {
   public:
+    // ``allow_tensor_ops``: TF32 for float data; 16-bit data runs on tensor cores either way (default_math).
     Conv(int n, int c, int h, int w, int o, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw,
          int groups, const std::string& dtype, bool allow_tensor_ops)
-        : double_(dtype == "float64"), default_math_(allow_tensor_ops ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) {
+        : double_(dtype == "float64"), default_math_(default_math(data_type(dtype), allow_tensor_ops)) {
         cudnnDataType_t dt = data_type(dtype);
         if (c % groups || o % groups) throw py::value_error("channels must be divisible by groups");
         try {
@@ -141,9 +166,8 @@ class Conv {
             CHECK(cudnnCreateConvolutionDescriptor(&conv_));
             CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, dt, n, c, h, w));
             CHECK(cudnnSetFilter4dDescriptor(w_, dt, CUDNN_TENSOR_NCHW, o, c / groups, kh, kw));
-            // float16 data accumulates in float32; the others in their own type
             CHECK(cudnnSetConvolution2dDescriptor(conv_, ph, pw, sh, sw, dh, dw, CUDNN_CROSS_CORRELATION,
-                                                  dt == CUDNN_DATA_HALF ? CUDNN_DATA_FLOAT : dt));
+                                                  compute_type(dt)));
             CHECK(cudnnSetConvolutionGroupCount(conv_, groups));
             CHECK(cudnnSetConvolutionMathType(conv_, default_math_));
             math_ = default_math_;
@@ -161,6 +185,21 @@ class Conv {
     Conv& operator=(const Conv&) = delete;
 
     std::vector<int> output_shape() const { return out_; }
+
+    // The types the descriptors hold, read back from cuDNN: (x, filter, y, compute) data types and
+    // the descriptor's default math type, as cudnnDataType_t / cudnnMathType_t values.
+    std::tuple<int, int, int, int, int> types() const {
+        cudnnDataType_t xt, yt, wt, ct;
+        cudnnTensorFormat_t fmt;
+        cudnnConvolutionMode_t mode;
+        int v[10];
+        CHECK(cudnnGetTensor4dDescriptor(x_, &xt, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]));
+        CHECK(cudnnGetTensor4dDescriptor(y_, &yt, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]));
+        CHECK(cudnnGetFilter4dDescriptor(w_, &wt, &fmt, &v[0], &v[1], &v[2], &v[3]));
+        CHECK(cudnnGetConvolution2dDescriptor(conv_, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &mode, &ct));
+        return {static_cast<int>(xt), static_cast<int>(wt), static_cast<int>(yt), static_cast<int>(ct),
+                static_cast<int>(default_math_)};
+    }
 
     // Workspace bytes of one algorithm with math type ``math`` (-1: the descriptor's own), or None
     // where cuDNN does not support it for this layer.
@@ -296,7 +335,7 @@ class Conv {
     }
 
   private:
-    // cuDNN reads alpha and beta as double for double data, float otherwise.
+    // cuDNN reads alpha and beta as double for double data, float otherwise (16-bit data too).
     struct Scalars {
         bool dbl;
         double d[2];
@@ -381,6 +420,15 @@ PYBIND11_MODULE(_cudnn, m) {
     m.attr("STATUS_SUCCESS") = static_cast<int>(CUDNN_STATUS_SUCCESS);
     m.attr("STATUS_NOT_SUPPORTED") = static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED);
     m.attr("STATUS_BAD_PARAM") = static_cast<int>(CUDNN_STATUS_BAD_PARAM);
+    m.attr("DATA_FLOAT") = static_cast<int>(CUDNN_DATA_FLOAT);
+    m.attr("DATA_DOUBLE") = static_cast<int>(CUDNN_DATA_DOUBLE);
+    m.attr("DATA_HALF") = static_cast<int>(CUDNN_DATA_HALF);
+#if CUDNN_VERSION >= 8100
+    m.attr("DATA_BFLOAT16") = static_cast<int>(CUDNN_DATA_BFLOAT16);
+#endif
+    m.attr("DEFAULT_MATH") = static_cast<int>(CUDNN_DEFAULT_MATH);
+    m.attr("TENSOR_OP_MATH") = static_cast<int>(CUDNN_TENSOR_OP_MATH);
+    m.attr("FMA_MATH") = static_cast<int>(CUDNN_FMA_MATH);
 
     py::class_<Handle>(m, "Handle", "A cuDNN handle whose work is queued on one stream (0: the default stream).")
         .def(py::init<std::uintptr_t>(), "stream"_a = 0)
@@ -389,12 +437,15 @@ PYBIND11_MODULE(_cudnn, m) {
         .def("close", &Handle::close, "Destroy the handle now (also done when it is collected).");
 
     py::class_<Conv>(m, "Conv",
-                     "Descriptors of one NCHW convolution. Perf tuples are (algo, status, seconds or -1,\n"
+                     "Descriptors of one NCHW convolution (dtype: float32, float64, float16 or bfloat16; 16-bit\n"
+                     "data accumulates in float on tensor cores). Perf tuples are (algo, status, seconds or -1,\n"
                      "workspace bytes, deterministic, uses tensor ops, math type).")
         .def(py::init<int, int, int, int, int, int, int, int, int, int, int, int, int, int, const std::string&, bool>(),
              "n"_a, "c"_a, "h"_a, "w"_a, "o"_a, "kh"_a, "kw"_a, "sh"_a, "sw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a,
              "groups"_a, "dtype"_a, "allow_tensor_ops"_a = false)
         .def_property_readonly("output_shape", &Conv::output_shape)
+        .def_property_readonly("types", &Conv::types,
+                               "(x, filter, y, compute) cudnnDataType_t and the default cudnnMathType_t, as set")
         .def("forward_workspace", &Conv::forward_workspace, "handle"_a, "algo"_a, "math"_a = -1)
         .def("backward_data_workspace", &Conv::backward_data_workspace, "handle"_a, "algo"_a, "math"_a = -1)
         .def("backward_filter_workspace", &Conv::backward_filter_workspace, "handle"_a, "algo"_a, "math"_a = -1)

@@ -20,6 +20,7 @@ class CPUBackend:
 
     name = "cpu"
     xp = np
+    native_ops = frozenset()    # its kernels are fp32: a bf16/fp16 graph stages every op but copies (ops.staging)
 
     def __init__(self, implicit=None, winograd=True):
         """``implicit``: whether convolutions may use the implicit algorithm (None: where the CPU

@@ -17,13 +17,15 @@ import numpy as np
 from .conv import CudnnConv
 from .kernels import CudaKernels
 from .loader import load_binding
-from .precision import check_precision
+from .precision import NATIVE_OPS, check_precision
 from .streams import CudaCopyStream, bandwidth
 
 
 class CUDABackend:
     name = "cuda"
     xp = cp
+    native_ops = NATIVE_OPS     # ops whose kernels read and write bf16/fp16: a graph traced for this backend
+                                # may leave them unstaged (ops.staging); the others stage through fp32
 
     def __init__(self, device=0, tf32=False, deterministic=True, algo_cache=None):
         """``tf32``: let cuDNN use TF32 tensor cores for float32 convolutions (PyTorch's default;
@@ -114,8 +116,9 @@ class CUDABackend:
         return p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
 
     def check_precision(self, precision):
-        """bf16/fp16 are refused (BackendUnavailable) until its kernels take low-precision tensors."""
-        check_precision(precision, self.conv.tf32)
+        """Every precision runs here, but bf16 on a GPU before sm_80 or with a CuPy before 14
+        (BackendUnavailable naming the alternative; see :mod:`.precision`)."""
+        check_precision(precision, int(self.device.compute_capability), int(cp.__version__.split(".")[0]))
 
     def describe(self) -> str:
         return f"cuda:{self.device.id} {self._device_name()} (CuPy {cp.__version__}, cuDNN {self.cudnn_version})"

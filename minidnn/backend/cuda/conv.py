@@ -14,6 +14,12 @@ bitwise identical to the unlimited run.
 ``algo=None`` runs the first algorithm of cuDNN's heuristics whose workspace
 fits the buffer handed in (chosen once per layer, pass and buffer size).
 
+Mixed precision's layers (bfloat16 and float16 data and filters) run with
+cuDNN's BFLOAT16 and HALF tensor types, FLOAT compute and tensor-op math (the
+binding sets all three from the dtype); Find, the cache, the heuristics'
+choice and every workspace are per dtype (a ``Geom`` holds it), so a layer's
+bf16 algorithms and workspaces are its own, never its fp32 ones.
+
 Find lists an algorithm once per math type it tried (with TF32: the FMA and
 the tensor-op variant); each algorithm keeps its fastest variant, and a call
 sets that variant's math type on the descriptor, so the plan runs what was timed
@@ -45,6 +51,12 @@ def _nbytes(ws):
 
 def _ptr(a):
     return 0 if a is None or a.size == 0 else a.data.ptr
+
+
+def _normal(rng, shape, dtype):
+    """Standard normal values of ``dtype`` (CuPy draws float32 and float64; 16-bit ones are rounded from float32)."""
+    wide = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return rng.standard_normal(shape, dtype=wide).astype(dtype, copy=False)
 
 
 class CudnnConv:
@@ -87,9 +99,9 @@ class CudnnConv:
         """{name: (workspace, seconds, math type)} per half ("forward", "data", "filter"), measured by Find."""
         d, h = self.desc(g), self.handle
         rng = cp.random.default_rng(0)
-        x = rng.standard_normal((g.n, g.c, g.h, g.w), dtype=g.dtype)
-        w = rng.standard_normal((g.o, g.c // g.groups, g.kh, g.kw), dtype=g.dtype)
-        y = rng.standard_normal((g.n, g.o, g.oh, g.ow), dtype=g.dtype)
+        x = _normal(rng, (g.n, g.c, g.h, g.w), g.dtype)
+        w = _normal(rng, (g.o, g.c // g.groups, g.kh, g.kw), g.dtype)
+        y = _normal(rng, (g.n, g.o, g.oh, g.ow), g.dtype)
         cp.cuda.Device().synchronize()      # Find runs on the handle's stream, not the one that filled them
         out = {}
         roles = [("forward", self.cudnn.FWD_ALGOS, d.forward_workspace, d.find_forward, (x, w, y))] \
@@ -110,7 +122,8 @@ class CudnnConv:
         return out
 
     def _cache_key(self, g: Geom, pass_) -> str:
-        return json.dumps({"v": 2, "op": "conv2d", "pass": pass_, "backend": "cuda", "device": self.device_name,
+        # v3: 16-bit layers are timed with tensor-op math (v2 timed float16 with the fp32 layers' FMA)
+        return json.dumps({"v": 3, "op": "conv2d", "pass": pass_, "backend": "cuda", "device": self.device_name,
                            "cudnn": self.cudnn.version(), "tf32": self.tf32, "deterministic": self.deterministic,
                            "geom": [g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.oh, g.ow, list(g.stride),
                                     list(g.padding), list(g.dilation), g.groups], "dtype": np.dtype(g.dtype).name},

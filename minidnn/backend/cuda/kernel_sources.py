@@ -1,10 +1,34 @@
 """The CUDA C of the CUDA backend's raw kernels, as plain strings: no CuPy needed to read them.
 
-``kernels.py`` compiles each with ``typedef <float|double> T;`` (and, for the
-reductions, ``typedef <unsigned int|long long> I;``) in front; the NVRTC test
-compiles every one of them the same way, for sm_80 and sm_90, on a machine
+``kernels.py`` compiles each with :func:`prelude` in front: the data type ``T``
+(float, double, or mixed precision's ``__half`` and ``__nv_bfloat16``), the type
+``P`` of BatchNorm's parameters and statistics (float for the 2-byte types: fp32
+statistics), the type ``A`` elementwise arithmetic runs in (float for the
+2-byte types) and the index type ``I``. A 2-byte value is widened exactly, the
+kernel computes as its float kernel does (sums in double, elementwise in float),
+and the result is rounded to ``T`` once, through float: so each kernel's bf16 or
+fp16 result is its float result on the same values, rounded (round to nearest
+even): the CPU backend's staging (ops.staging), without the copies. The NVRTC test compiles every
+source the same way, in every data type, for sm_80 and sm_90, on a machine
 without a GPU.
 """
+
+# NumPy dtype name -> (T, P, A, the header T needs)
+DTYPES = {
+    "float32": ("float", "float", "float", None),
+    "float64": ("double", "double", "double", None),
+    "float16": ("__half", "float", "float", "cuda_fp16.h"),
+    "bfloat16": ("__nv_bfloat16", "float", "float", "cuda_bf16.h"),
+}
+STATS = {"float32": "float32", "float64": "float64", "float16": "float32", "bfloat16": "float32"}   # P's dtype
+
+
+def prelude(dtype: str, index: str = "long long") -> str:
+    """The typedefs a source is compiled with for data of NumPy dtype ``dtype`` (its name)."""
+    t, p, a, header = DTYPES[dtype]
+    include = f"#include <{header}>\n" if header else ""
+    return f"{include}typedef {t} T;\ntypedef {p} P;\ntypedef {a} A;\ntypedef {index} I;\n"
+
 
 REDUCE = r"""
 // Per-channel sums of a (N, C, L) array in two kernels, so that every SM has work whatever C is:
@@ -17,8 +41,8 @@ REDUCE = r"""
 //   mode 0: s0 = sum(a);
 //   mode 1: s0 = mean(a), s1 = var(a) (biased), in one pass: sums of d = a - a[first of the channel]
 //           and of d^2 (a shift near the data keeps the difference of the two well conditioned);
-//   mode 2: s0 = sum(a), s1 = sum(a * (b - m[c]) * inv[c]).
-extern "C" __global__ void channel_partial(const T* a, const T* b, const T* m, const T* inv, double* part,
+//   mode 2: s0 = sum(a), s1 = sum(a * (b - m[c]) * inv[c]) (m, inv: BatchNorm's statistics, in P).
+extern "C" __global__ void channel_partial(const T* a, const T* b, const P* m, const P* inv, double* part,
                                            I N, I C, I L, I share, int mode) {
     __shared__ double r0[256], r1[256];
     const I c = blockIdx.x, j = blockIdx.y, total = N * L;
@@ -83,16 +107,16 @@ POOL = r"""
 struct Win { int kh, kw, sh, sw, ph, pw, dh, dw; };
 
 // The first maximum of window (oh, ow) in row-major order (a later element wins only if strictly
-// greater, or NaN); -1 if every tap is padding.
+// greater, or NaN); -1 if every tap is padding. Compared as doubles: exact for every T.
 __device__ int window_argmax(const T* x, int H, int W, int oh, int ow, Win g) {
-    int best = -1; T bv = 0;
+    int best = -1; double bv = 0.0;
     for (int i = 0; i < g.kh; ++i) {
         const int ih = oh * g.sh - g.ph + i * g.dh;
         if (ih < 0 || ih >= H) continue;
         for (int j = 0; j < g.kw; ++j) {
             const int iw = ow * g.sw - g.pw + j * g.dw;
             if (iw < 0 || iw >= W) continue;
-            const T v = x[ih * W + iw];
+            const double v = (double)x[ih * W + iw];
             if (best < 0 || v > bv || isnan(v)) { best = ih * W + iw; bv = v; }
         }
     }
@@ -132,7 +156,7 @@ extern "C" __global__ void maxpool_bwd(const T* x, const T* gy, T* gx, long long
             if (window_argmax(x + p * H * W, H, W, oh, ow, g) == ih * W + iw) acc += (double)gy[(p * OH + oh) * OW + ow];
         }
     }
-    gx[t] = (T)acc;
+    gx[t] = (T)(A)acc;
 }
 
 __device__ int avg_count(int H, int W, int oh, int ow, Win g, bool include_pad) {
@@ -159,7 +183,7 @@ extern "C" __global__ void avgpool_fwd(const T* x, T* y, long long planes, int H
             if (iw >= 0 && iw < W) s += (double)x[p * H * W + ih * W + iw];
         }
     }
-    y[t] = (T)(s / avg_count(H, W, oh, ow, g, include_pad));
+    y[t] = (T)(A)(s / avg_count(H, W, oh, ow, g, include_pad));
 }
 
 extern "C" __global__ void avgpool_bwd(const T* gy, T* gx, long long planes, int H, int W, int OH, int OW,
@@ -184,7 +208,7 @@ extern "C" __global__ void avgpool_bwd(const T* gy, T* gx, long long planes, int
             acc += (double)gy[(p * OH + oh) * OW + ow] / avg_count(H, W, oh, ow, g, include_pad);
         }
     }
-    gx[t] = (T)acc;
+    gx[t] = (T)(A)acc;
 }
 """
 
@@ -195,14 +219,14 @@ __device__ int lo_of(int i, int in, int out) { return (int)((long long)i * in / 
 __device__ int hi_of(int i, int in, int out) { return (int)(((long long)i * in + in + out - 1) / out); }
 
 // The first maximum of window (oh, ow) in row-major order (a later element wins only if strictly greater,
-// or NaN), starting at -inf on the window's first pixel as PyTorch does.
+// or NaN), starting at -inf on the window's first pixel as PyTorch does. Compared as doubles (exact).
 __device__ int adaptive_argmax(const T* x, int H, int W, int OH, int OW, int oh, int ow) {
     const int h0 = lo_of(oh, H, OH), w0 = lo_of(ow, W, OW);
     int best = h0 * W + w0;
-    T bv = (T)(-__longlong_as_double(0x7ff0000000000000LL));
+    double bv = -__longlong_as_double(0x7ff0000000000000LL);
     for (int ih = h0; ih < hi_of(oh, H, OH); ++ih)
         for (int iw = w0; iw < hi_of(ow, W, OW); ++iw) {
-            const T v = x[ih * W + iw];
+            const double v = (double)x[ih * W + iw];
             if (v > bv || isnan(v)) { best = ih * W + iw; bv = v; }
         }
     return best;
@@ -231,7 +255,7 @@ extern "C" __global__ void adaptive_max_bwd(const T* x, const T* gy, T* gx, long
         for (int ow = lo_of(iw, OW, W); ow < hi_of(iw, OW, W); ++ow)
             if (adaptive_argmax(x + p * H * W, H, W, OH, OW, oh, ow) == ih * W + iw)
                 acc += (double)gy[(p * OH + oh) * OW + ow];
-    gx[t] = (T)acc;
+    gx[t] = (T)(A)acc;
 }
 
 extern "C" __global__ void adaptive_avg_fwd(const T* x, T* y, long long planes, int H, int W, int OH, int OW) {
@@ -242,7 +266,7 @@ extern "C" __global__ void adaptive_avg_fwd(const T* x, T* y, long long planes, 
     double s = 0.0;
     for (int ih = lo_of(oh, H, OH); ih < hi_of(oh, H, OH); ++ih)
         for (int iw = lo_of(ow, W, OW); iw < hi_of(ow, W, OW); ++iw) s += (double)p[ih * W + iw];
-    y[t] = (T)(s / window_size(H, W, OH, OW, oh, ow));
+    y[t] = (T)(A)(s / window_size(H, W, OH, OW, oh, ow));
 }
 
 extern "C" __global__ void adaptive_avg_bwd(const T* gy, T* gx, long long planes, int H, int W, int OH, int OW) {
@@ -254,10 +278,55 @@ extern "C" __global__ void adaptive_avg_bwd(const T* gy, T* gx, long long planes
     for (int oh = lo_of(ih, OH, H); oh < hi_of(ih, OH, H); ++oh)
         for (int ow = lo_of(iw, OW, W); ow < hi_of(iw, OW, W); ++ow)
             acc += (double)gy[(p * OH + oh) * OW + ow] / window_size(H, W, OH, OW, oh, ow);
-    gx[t] = (T)acc;
+    gx[t] = (T)(A)acc;
+}
+"""
+
+ELEMENTWISE = r"""
+// One thread per element, i < n; c = (i / L) % C is the channel of NCHW element i (L = H * W).
+
+// y = x < 0 ? 0 : x (NaN and -0 pass): the select bn_apply(relu) makes, so the two give the same bits.
+extern "C" __global__ void relu_fwd(const T* x, T* y, I n) {
+    const I i = blockIdx.x * (I)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    y[i] = (A)x[i] < (A)0 ? (T)(A)0 : x[i];
+}
+
+extern "C" __global__ void relu_bwd(const T* y, const T* gy, T* gx, I n) {
+    const I i = blockIdx.x * (I)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    gx[i] = (A)y[i] > (A)0 ? gy[i] : (T)(A)0;
+}
+
+// y = x * a + s per channel (a = invstd * gamma, s = beta - mean * a, in double), rounded to A, then
+// + res (add's rounding, in A) and the ReLU's select, rounded to T once.
+extern "C" __global__ void bn_apply(const T* x, const P* gamma, const P* beta, const P* mean, const P* invstd,
+                                    const T* res, T* y, I n, I L, I C, int has_g, int has_b, int has_res,
+                                    int relu) {
+    const I i = blockIdx.x * (I)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const I c = (i / L) % C;
+    const double a = (double)invstd[c] * (has_g ? (double)gamma[c] : 1.0);
+    const double s = (has_b ? (double)beta[c] : 0.0) - (double)mean[c] * a;
+    A v = (A)((double)x[i] * a + s);
+    if (has_res) v = v + (A)res[i];
+    y[i] = (T)(relu && v < (A)0 ? (A)0 : v);
+}
+
+// BatchNorm's input gradient from the per-channel float64 sums of gy (sgy) and gy * xhat (sgyx).
+extern "C" __global__ void bn_grad(const T* x, const T* gy, const P* gamma, const P* mean, const P* invstd,
+                                   const double* sgy, const double* sgyx, T* gx, I n, I L, I C, double M,
+                                   int has_g) {
+    const I i = blockIdx.x * (I)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const I c = (i / L) % C;
+    const double inv = (double)invstd[c];
+    const double xhat = ((double)x[i] - (double)mean[c]) * inv;
+    const double k = (has_g ? (double)gamma[c] : 1.0) * inv / M;
+    gx[i] = (T)(A)(k * (M * (double)gy[i] - sgy[c] - xhat * sgyx[c]));
 }
 """
 
 
-SOURCES = {"reduce": REDUCE, "pool": POOL, "adaptive": ADAPTIVE}   # every raw module the backend compiles
-INDEX_TYPES = ("unsigned int", "long long")                           # the reductions' I
+SOURCES = {"reduce": REDUCE, "pool": POOL, "adaptive": ADAPTIVE, "elementwise": ELEMENTWISE}   # every raw module
+INDEX_TYPES = ("unsigned int", "long long")                           # I: 32-bit where the array allows

@@ -8,47 +8,51 @@ each channel's shares added in order (``kernel_sources.REDUCE``); BatchNorm's
 statistics take one pass over the data. Max-pool and average-pool
 gradients (adaptive ones too) gather (each input pixel sums the windows that read it) instead of
 scattering with atomics, so they are deterministic too.
+
+Activations may be float32, float64, or mixed precision's float16 and bfloat16
+(``kernel_sources.DTYPES``); BatchNorm's parameters and statistics are then
+float32 (``kernel_sources.STATS``). A 2-byte kernel reads the low values,
+computes as the float kernel does and rounds each result once: its result is the
+float kernel's on the same values, rounded.
 """
 from __future__ import annotations
 
 import cupy as cp
 import numpy as np
 
-from .kernel_sources import ADAPTIVE, POOL, REDUCE
+from .gemm import gemm_accumulate
+from .kernel_sources import ADAPTIVE, DTYPES, ELEMENTWISE, POOL, REDUCE, STATS, prelude
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _THREADS = 256
 _BLOCKS = 2048          # blocks a reduction aims for (a fixed number: the same shares, so the same bits, on any GPU)
 _NARROW = 2**31         # arrays smaller than this index in 32 bits
 
-_relu_forward = cp.ElementwiseKernel("T x", "T y", "y = x < (T)0 ? (T)0 : x", "minidnn_relu_forward")
-_relu_backward = cp.ElementwiseKernel("T y, T gy", "T gx", "gx = y > (T)0 ? gy : (T)0", "minidnn_relu_backward")
-_bn_apply = cp.ElementwiseKernel(
-    "T x, raw T gamma, raw T beta, raw T mean, raw T invstd, raw T res, int64 L, int64 C, bool has_g, bool has_b, "
-    "bool has_res, bool relu, bool narrow", "T y",
-    """
-    const long long c = narrow ? (long long)(((unsigned int)i / (unsigned int)L) % (unsigned int)C) : (i / L) % C;
-    const double a = (double)invstd[c] * (has_g ? (double)gamma[c] : 1.0);
-    const double s = (has_b ? (double)beta[c] : 0.0) - (double)mean[c] * a;
-    T v = (T)((double)x * a + s);
-    if (has_res) v = v + res[i];
-    y = relu && v < (T)0 ? (T)0 : v;
-    """, "minidnn_bn_apply")
-_bn_grad = cp.ElementwiseKernel(
-    "T x, T gy, raw T gamma, raw T mean, raw T invstd, raw float64 sgy, raw float64 sgyx, int64 L, int64 C, "
-    "float64 M, bool has_g, bool narrow", "T gx",
-    """
-    const long long c = narrow ? (long long)(((unsigned int)i / (unsigned int)L) % (unsigned int)C) : (i / L) % C;
-    const double inv = (double)invstd[c];
-    const double xhat = ((double)x - (double)mean[c]) * inv;
-    const double k = (has_g ? (double)gamma[c] : 1.0) * inv / M;
-    gx = (T)(k * (M * (double)gy - sgy[c] - xhat * sgyx[c]));
-    """, "minidnn_bn_grad")
+
+def _index(size):
+    """(C index type, its NumPy scalar type) for an array of ``size`` elements."""
+    return ("unsigned int", np.uint32) if size < _NARROW else ("long long", np.int64)
 
 
 def _module(source, dtype, index="long long"):
-    return cp.RawModule(code=f"typedef {_CTYPE[np.dtype(dtype)]} T;\ntypedef {index} I;\n" + source,
-                        options=("--std=c++14",))
+    return cp.RawModule(code=prelude(np.dtype(dtype).name, index) + source, options=("--std=c++14",))
+
+
+def _check(data, stats=()):
+    """``data``: activations and their gradients, one dtype of DTYPES; ``stats``: BatchNorm's parameters and
+    statistics, in that dtype's STATS (float32 for the 2-byte types). None entries are absent arguments."""
+    dt = data[0].dtype
+    if dt.name not in DTYPES:
+        raise TypeError(f"expected float32, float64, float16 or bfloat16 arrays, got {dt}")
+    for group, want in ((data, dt.name), (stats, STATS[dt.name])):
+        for a in group:
+            if a is None:
+                continue
+            if not isinstance(a, cp.ndarray):
+                raise TypeError(f"expected a cupy.ndarray, got {type(a).__name__}")
+            if a.dtype.name != want:
+                raise TypeError(f"expected {want} arrays beside {dt.name} activations, got {a.dtype}")
+            if not a.flags.c_contiguous:
+                raise ValueError("expected C-contiguous arrays")
 
 
 class CudaKernels:
@@ -63,22 +67,16 @@ class CudaKernels:
             self._modules[key] = _module(source, dtype, index)
         return self._modules[key].get_function(name)
 
-    @staticmethod
-    def _check(*arrays):
-        dt = arrays[0].dtype
-        for a in arrays:
-            if a is None:
-                continue
-            if not isinstance(a, cp.ndarray):
-                raise TypeError(f"expected a cupy.ndarray, got {type(a).__name__}")
-            if a.dtype != dt or dt not in _CTYPE:
-                raise TypeError(f"expected float32 or float64 arrays of one dtype, got {a.dtype} and {dt}")
-            if not a.flags.c_contiguous:
-                raise ValueError("expected C-contiguous arrays")
+    def _each(self, name, n, arrays, dtype, rest=()):
+        """Launch ELEMENTWISE's ``name`` over ``n`` elements: its arguments are ``arrays``, ``n``, then ``rest``."""
+        if n:
+            index, it = _index(n)
+            self._fn(ELEMENTWISE, dtype, name, index)((-(-n // _THREADS),), (_THREADS,), (*arrays, it(n), *rest))
 
     # -- elementwise -------------------------------------------------------
     def relu_forward(self, x, y):
-        _relu_forward(x, y)     # the select bn_forward_train(relu=True) makes: the same bits
+        _check([x, y])          # the select bn_forward_train(relu=True) makes: the same bits
+        self._each("relu_fwd", x.size, (x, y), x.dtype)
 
     def add(self, a, b, out):
         if b is None:
@@ -87,7 +85,8 @@ class CudaKernels:
             cp.add(a, b, out=out)
 
     def relu_backward(self, y, gy, gx):
-        _relu_backward(y, gy, gx)
+        _check([y, gy, gx])
+        self._each("relu_bwd", y.size, (y, gy, gx), y.dtype)
 
     def add_inplace(self, dst, src):
         cp.add(dst, src.reshape(dst.shape), out=dst)
@@ -95,7 +94,7 @@ class CudaKernels:
     # -- per-channel reductions ------------------------------------------
     def _reduce(self, a, mode, b=None, m=None, inv=None):
         """Per-channel float64 (s0, s1) of ``a`` (see kernel_sources.REDUCE for the modes)."""
-        self._check(a, b, m, inv)
+        _check([a, b], [m, inv])
         n, c = a.shape[0], a.shape[1]
         length = a.size // (n * c) if a.size else 0
         s0 = cp.empty(c, np.float64)
@@ -108,7 +107,7 @@ class CudaKernels:
         shares = max(1, min(-(-_BLOCKS // c), -(-total // (4 * _THREADS))))   # >= 4 values a thread
         share = -(-total // shares)
         shares = -(-total // share)
-        index, it = ("unsigned int", np.uint32) if a.size < _NARROW else ("long long", np.int64)
+        index, it = _index(a.size)
         part = cp.empty(c * shares * 2, np.float64)
         self._fn(REDUCE, a.dtype, "channel_partial", index)(
             (c, shares), (_THREADS,), (a, b if b is not None else a, m if m is not None else a,
@@ -120,29 +119,36 @@ class CudaKernels:
         return s0, s1
 
     def bn_stats(self, x, mean, var):
-        """The batch mean and biased variance per channel, in one pass over x."""
+        """The batch mean and biased variance per channel, in one pass over x (in float64, stored in mean's dtype)."""
+        _check([x], [mean, var])
         s0, s1 = self._reduce(x, 1)
         mean[...] = s0
         var[...] = s1
 
     def bn_forward_train(self, x, gamma, beta, mean, invstd, y, relu=False, residual=None):
-        self._check(x, gamma, beta, mean, invstd, y, residual)
-        c = x.shape[1]
-        _bn_apply(x, gamma if gamma is not None else mean, beta if beta is not None else mean, mean, invstd,
-                  residual if residual is not None else x, np.int64(x.size // (x.shape[0] * c)), np.int64(c),
-                  gamma is not None, beta is not None, residual is not None, relu, x.size < _NARROW, y)
+        _check([x, y, residual], [gamma, beta, mean, invstd])
+        self._each("bn_apply", x.size, (x, gamma if gamma is not None else mean, beta if beta is not None else mean,
+                                        mean, invstd, residual if residual is not None else x, y), x.dtype,
+                   (*self._lc(x), np.int32(gamma is not None), np.int32(beta is not None),
+                    np.int32(residual is not None), np.int32(relu)))
 
     def bn_backward(self, x, gy, gamma, mean, invstd, gx, ggamma=None, gbeta=None):
-        self._check(x, gy, gamma, mean, invstd, gx, ggamma, gbeta)
+        _check([x, gy, gx], [gamma, mean, invstd, ggamma, gbeta])
         n, c = x.shape[0], x.shape[1]
         length = x.size // (n * c)
         sgy, sgyx = self._reduce(gy, 2, b=x, m=mean, inv=invstd)
-        _bn_grad(x, gy, gamma if gamma is not None else mean, mean, invstd, sgy, sgyx, np.int64(length), np.int64(c),
-                 float(n * length), gamma is not None, x.size < _NARROW, gx)
+        self._each("bn_grad", x.size, (x, gy, gamma if gamma is not None else mean, mean, invstd, sgy, sgyx, gx),
+                   x.dtype, (*self._lc(x), np.float64(n * length), np.int32(gamma is not None)))
         if ggamma is not None:
             ggamma[...] = sgyx
         if gbeta is not None:
             gbeta[...] = sgy
+
+    @staticmethod
+    def _lc(x):
+        """(L, C) of an NCHW array, in the index type its elementwise kernels are compiled with."""
+        _, it = _index(x.size)
+        return it(x.size // (x.shape[0] * x.shape[1])), it(x.shape[1])
 
     def conv2d_bias_grad(self, gy, gb):
         s0, _ = self._reduce(gy, 0)
@@ -161,21 +167,21 @@ class CudaKernels:
             self._fn(source, dtype, name)(((total + _THREADS - 1) // _THREADS,), (_THREADS,), args)
 
     def maxpool2d_forward(self, x, y, kh, kw, sh, sw, ph, pw, dh, dw):
-        self._check(x, y)
+        _check([x, y])
         n, c, h, w = x.shape
         oh, ow = y.shape[2:]
         self._launch("maxpool_fwd", y.size, (x, y, np.int64(n * c), np.int32(h), np.int32(w), np.int32(oh),
                                              np.int32(ow), *self._win(kh, kw, sh, sw, ph, pw, dh, dw)), x.dtype)
 
     def maxpool2d_backward(self, x, gy, gx, kh, kw, sh, sw, ph, pw, dh, dw):
-        self._check(x, gy, gx)
+        _check([x, gy, gx])
         n, c, h, w = x.shape
         oh, ow = gy.shape[2:]
         self._launch("maxpool_bwd", gx.size, (x, gy, gx, np.int64(n * c), np.int32(h), np.int32(w), np.int32(oh),
                                               np.int32(ow), *self._win(kh, kw, sh, sw, ph, pw, dh, dw)), x.dtype)
 
     def avgpool2d_forward(self, x, y, kh, kw, sh, sw, ph, pw, count_include_pad):
-        self._check(x, y)
+        _check([x, y])
         n, c, h, w = x.shape
         oh, ow = y.shape[2:]
         self._launch("avgpool_fwd", y.size, (x, y, np.int64(n * c), np.int32(h), np.int32(w), np.int32(oh),
@@ -183,7 +189,7 @@ class CudaKernels:
                                              np.bool_(count_include_pad)), x.dtype)
 
     def avgpool2d_backward(self, gy, gx, kh, kw, sh, sw, ph, pw, count_include_pad):
-        self._check(gy, gx)
+        _check([gy, gx])
         n, c, h, w = gx.shape
         oh, ow = gy.shape[2:]
         self._launch("avgpool_bwd", gx.size, (gy, gx, np.int64(n * c), np.int32(h), np.int32(w), np.int32(oh),
@@ -191,7 +197,7 @@ class CudaKernels:
                                               np.bool_(count_include_pad)), gx.dtype)
 
     def _adaptive(self, name, x_like, y_like, arrays, total):
-        self._check(*arrays)
+        _check(list(arrays))
         n, c, h, w = x_like.shape
         oh, ow = y_like.shape[2:]
         self._launch(name, total, (*arrays, np.int64(n * c), np.int32(h), np.int32(w), np.int32(oh),
@@ -211,6 +217,6 @@ class CudaKernels:
 
     # -- GEMM with accumulation (Linear's gradient across sub-batches) -----
     def gemm_acc(self, x, gy, gw):
-        """gw += gy.T @ x through cuBLAS with beta = 1 (no temporary the size of the weight)."""
-        from cupy import cublas
-        cublas.gemm("T", "N", gy, x, out=gw, alpha=1.0, beta=1.0)
+        """gw += gy.T @ x through cuBLAS with beta = 1 (no temporary the size of the weight), accumulating
+        in float32 for 16-bit arrays (CUBLAS_COMPUTE_32F)."""
+        gemm_accumulate(x, gy, gw)
