@@ -76,3 +76,20 @@ class Knobs:
     # ResNet-18 b512's staged iterations: 4 x 128 @ 30% on titanx 22.7 -> 15.4 s CPU). Copying the
     # state is O(live tensors) per checkpoint; ResNet-1001 (10040 steps) plans as fast. 0: none.
     lowering_checkpoints: int = 32
+    # The copy timing (transfers.hide_transfers) and the repairs after it call a plan stalled where its
+    # compute waits for copies for over this share of its step: then the own timing is tried beside
+    # the queued one, the timing is run again from the timed plan, and the offload trades go on
+    # halving (repairs.py). Below it a plan's waits are noise next to what another pass costs.
+    stall_share: float = 0.01
+    # The copy timing holds buffers longer and prefetches earlier within the limit less this share of
+    # it (and less the plan's own fragmentation): what placing the longer-held buffers adds.
+    placement_headroom: float = 0.01
+    # The copy timing's placements per timing where the extended plan overshoots: the extensions held
+    # below the room by twice the overshoot, and ``copy_timing_tries - 1`` bisections of the share of
+    # every extension.
+    copy_timing_tries: int = 3
+    # Offloads the compute waits for are turned into recomputations (transfers.recompute_stalled) where
+    # a wait is over this share of the step longer than the producer's forward, for at most
+    # ``stalled_rounds`` rounds while each is faster.
+    stalled_worth: float = 1e-3
+    stalled_rounds: int = 2

@@ -40,9 +40,9 @@ def _retimed(step, plan):
     """``plan`` with its copies retimed; where that still stalls (and may yet win), retimed once
     more from the retimed plan, whose lowering shows where recomputations restore what it prefetches."""
     p, fn = step.problem, step.plan_fn(plan)
-    q = hide_transfers(fn, plan, p.facts, p.cost, p.limit)
-    if q is not None and stalls(q) and not step.behind(q):
-        q = fastest(q, hide_transfers(fn, q, p.facts, p.cost, p.limit))
+    q = hide_transfers(fn, plan, p.facts, p.cost, p.limit, p.knobs)
+    if q is not None and stalls(q, p.knobs) and not step.behind(q):
+        q = fastest(q, hide_transfers(fn, q, p.facts, p.cost, p.limit, p.knobs))
     return q
 
 
@@ -95,7 +95,7 @@ class OffloadRecomputations:
         if more is None:
             return None
         more = fastest(more, _retimed(step, more))
-        step.stalled = stalls(more)
+        step.stalled = stalls(more, p.knobs)
         return more
 
 
@@ -111,7 +111,7 @@ class RecomputeStalled:
 
     def apply(self, plan, step):
         p = step.problem
-        out = recompute_stalled(step.plan_fn(plan), plan, p.facts, p.cost)
+        out = recompute_stalled(step.plan_fn(plan), plan, p.facts, p.cost, p.knobs)
         return None if out is plan else out
 
 

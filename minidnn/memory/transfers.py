@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .knobs import Knobs
 from .program import Evict, recompute_seconds
 from .simulator import memory_curve
 
@@ -27,9 +28,9 @@ def fastest(*plans):
     return min((p for p in plans if p is not None), key=lambda p: p.simulation.seconds, default=None)
 
 
-def stalls(plan) -> bool:
-    """Whether ``plan``'s compute still waits for copies for over 1% of its step."""
-    return plan.simulation.stall_seconds > 0.01 * plan.simulation.seconds
+def stalls(plan, knobs=Knobs()) -> bool:
+    """Whether ``plan``'s compute still waits for copies for over ``knobs.stall_share`` of its step."""
+    return plan.simulation.stall_seconds > knobs.stall_share * plan.simulation.seconds
 
 
 def schedule_groups(program, n):
@@ -221,7 +222,7 @@ def _saved(cum, reach, j, lead) -> float:
     return cum[j + 1] - max(cum[j], start) if lead else min(cum[j + 1], end) - cum[j]
 
 
-def hide_transfers(plan_fn, plan, facts, cost, limit, tries=3):
+def hide_transfers(plan_fn, plan, facts, cost, limit, knobs=Knobs()):
     """``plan`` with its transfers retimed to overlap compute, or None where that does not fit.
 
     Each buffer is held after its offload until the copy is predicted done (``delay``), and each
@@ -240,7 +241,7 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, tries=3):
     ``limit``, the faster of two repairs: every extension kept twice the overshoot further
     below the room (only the buffers held where memory is tight give way) and a share of every
     extension, bisected for. The queued timing is tried
-    first; where it does not fit or still stalls for over 1% of the step, the own timing too,
+    first; where it does not fit or still stalls (``knobs.stall_share``), the own timing too,
     and the faster plan wins."""
     offloads = sorted((k, ev) for k, ev in plan.evictions.items() if ev.kind == "offload")
     if not offloads:
@@ -265,8 +266,8 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, tries=3):
                         cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
     by_release = sorted(gaps, key=lambda g: g.a)                     # the offloads' order on the queue
     by_due = sorted(gaps, key=lambda g: -g.due)                      # the prefetches', last first
-    # the plan's fragmentation headroom, and 1% of the limit for what placing the longer-held buffers adds
-    room = limit - (plan.arena_bytes - int(base.max(initial=0))) - limit // 100
+    # the plan's fragmentation headroom, and a share of the limit for what placing the longer-held buffers adds
+    room = limit - (plan.arena_bytes - int(base.max(initial=0))) - int(limit * knobs.placement_headroom)
 
     def targets(queued):
         """{key: (the last step its offload is held through, the earliest step its prefetch is
@@ -311,7 +312,7 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, tries=3):
             return first
         held = plan_fn(extended(reach, queued, 1.0, 2 * (first.arena_bytes - limit)))
         share, lo_share, hi_share, fit = 0.5, 0.0, 1.0, None
-        for _ in range(tries - 1):
+        for _ in range(knobs.copy_timing_tries - 1):
             trial = extended(reach, queued, share, 0)
             if trial == plan.evictions:
                 break
@@ -324,22 +325,22 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, tries=3):
         return fastest(fit, held if held.arena_bytes <= limit else None)
 
     on_queue = fitted(queued=True)
-    if on_queue is not None and not stalls(on_queue):
+    if on_queue is not None and not stalls(on_queue, knobs):
         return on_queue
     return fastest(on_queue, fitted(queued=False))
 
 
-def recompute_stalled(plan_fn, plan, facts, cost, rounds=2):
+def recompute_stalled(plan_fn, plan, facts, cost, knobs=Knobs()):
     """``plan`` with the offloads that its compute waits for turned into recomputations, again
     while that is predicted faster. A wait (a prefetch arriving late, or a free waiting for its
     offload) means the copy stream is behind: recomputing the tensor in the backward takes its
-    two copies off the stream, which is worth it where they are predicted to take over a
-    thousandth of the step longer than its producer's forward."""
+    two copies off the stream, which is worth it where they are predicted to take over
+    ``knobs.stalled_worth`` of the step longer than its producer's forward."""
     schedule, touch, producer, last_forward = facts.schedule, facts.touch, facts.producer, facts.last_forward
     steps = schedule.steps
     secs = [cost.step_seconds(schedule, s) for s in steps]
-    for _ in range(rounds):
-        least = 1e-3 * plan.simulation.seconds
+    for _ in range(knobs.stalled_rounds):
+        least = knobs.stalled_worth * plan.simulation.seconds
         trial = dict(plan.evictions)
         for wait, t, n in _waited_copies(plan, least):
             src = producer.get(t)
