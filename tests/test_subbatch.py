@@ -279,6 +279,26 @@ def test_exact_batch_norm_too_small_even_for_one_sample_names_the_minimum():
     assert e.value.minimum_bytes > 4096
 
 
+def test_a_policy_that_finds_no_split_says_so_where_the_planner_would():
+    """A fixed policy (Chen et al.'s segments) finds no plan whole or split at a budget above the
+    planner's own minimum: the error names the policy and that minimum, below the budget, not a
+    budget "below the minimum"."""
+    from minidnn.memory.subbatch import plan_step
+    from minidnn.report import shapes_only, step_splits, training_schedule
+    shape = (16, 3, 32, 32)
+    with shapes_only():
+        net = models.get("resnet20")
+    sched = training_schedule(net, shape)[1]
+    config = MemoryConfig(budget=0.3, policy="checkpoint_sqrt", profile="v100-16gb")
+    with pytest.raises(mdn.MemoryBudgetError, match="the 'checkpoint_sqrt' policy finds no plan") as e:
+        plan_step(sched, config, splits=step_splits(net, shape))
+    assert e.value.minimum_bytes < e.value.budget_bytes
+    assert "use policy 'auto'" in str(e.value)
+    auto = plan_step(sched, MemoryConfig(budget=e.value.budget_bytes, profile="v100-16gb"),
+                     splits=step_splits(net, shape))
+    assert auto.peak_bytes <= e.value.budget_bytes
+
+
 class _Features(nn.Module):
     """Convolution, pooling, BatchNorm1d on (N, C), Linear: the convolution's activations set the
     minimum, and BatchNorm1d refuses a sub-batch of one sample."""

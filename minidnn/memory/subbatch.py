@@ -329,6 +329,13 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
     if best is None:     # the least the planner needs at the smallest sub-batch (one planning pass, no search)
         least = minimum_bytes(schedule_for(smallest_split), config, cost)
         samples = batch // smallest_split
+        policy = config.policy_object().name
+        if budget is not None and least <= budget:     # the planner reaches the budget: the policy does not
+            raise MemoryBudgetError(f"the {policy!r} policy finds no plan within {format_bytes(budget)} ({budget} B), "
+                                    f"whole or split into sub-batches with exact BatchNorm statistics; the "
+                                    f"planner's own minimum is {format_bytes(least)} ({least} B) with sub-batches "
+                                    f"of {samples} sample{'s' if samples > 1 else ''}: use policy 'auto' or a "
+                                    f"larger budget", least, budget)
         raise MemoryBudgetError(f"budget {format_bytes(budget)} ({budget} B) is below the minimum feasible "
                                 f"{format_bytes(least)} ({least} B) with exact BatchNorm statistics, even with "
                                 f"sub-batches of {samples} sample{'s' if samples > 1 else ''}", least, budget)
