@@ -15,9 +15,13 @@ pool or in separate regions for resident and mobile tensors.
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from .simulator import memory_curve
+
+_tensor = attrgetter("tensor")
 
 
 def place(starts, ends, sizes, base: int = 0) -> np.ndarray:
@@ -38,9 +42,9 @@ def live_peak(starts, ends, sizes) -> int:
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     if not len(starts):
         return 0
-    diff = np.zeros(int(ends.max()) + 2, np.int64)
-    np.add.at(diff, starts, sizes)
-    np.subtract.at(diff, ends + 1, sizes)
+    n = int(ends.max()) + 2
+    # (bincount's float64 sums are exact: a step's sum stays far below 2^53 bytes)
+    diff = (np.bincount(starts, sizes, n) - np.bincount(ends + 1, sizes, n)).astype(np.int64)
     return int(np.cumsum(diff).max())
 
 
@@ -58,9 +62,8 @@ def place_program(program):
     """
     res = program.residencies
     starts, ends, sizes = program.buffers
-    moving = np.fromiter((r.origin != "compute" or r.wait_offload is not None for r in res), bool, len(res))
-    moving = np.isin(np.fromiter((r.tensor for r in res), np.int64, len(res)),
-                     np.fromiter((r.tensor for r, m in zip(res, moving) if m), np.int64))
+    mobile = {r.tensor for r in res if r.origin != "compute" or r.wait_offload is not None}
+    moving = np.fromiter(map(mobile.__contains__, map(_tensor, res)), bool, len(res))
     live = int(memory_curve(program).max(initial=0))
 
     def fragments(arena):           # once true of an arena, true of every larger one

@@ -22,10 +22,12 @@ buffer for the placement; a tensor may have several.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import operator
+import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -63,6 +65,8 @@ class Program:
     origin: list = field(default_factory=list)  # step index -> the schedule step it runs (-1 for copies)
     tensor_bytes: np.ndarray = None   # aligned bytes by tensor id, set by the lowering
     resume: object = None             # a Resume: where a lowering of other decisions may start from this one
+    lineage: object = None            # a Lineage: the Program this one's lowering resumed from, and what it shares
+    replay: object = None             # the simulator's checkpoints of its last replay (simulator.simulate)
 
     @cached_property
     def buffers(self) -> tuple:
@@ -74,6 +78,30 @@ class Program:
         for a in arrays:
             a.flags.writeable = False
         return arrays
+
+
+class _Shared:
+    """What every lowering of one schedule reads and none changes, derived once from its
+    :class:`~.facts.Facts` and kept there (a planning run lowers the same schedule hundreds of
+    times): what each step touches of the arena, what it closes (the arena tensors it touches last,
+    not kept to the end), the chains the lowering's restores walked (:meth:`_Lowering.restore`) and
+    the recomputations' labels and workspaces."""
+
+    def __init__(self, facts):
+        touch, keep = facts.touch, facts.keep
+        self.arena = touch.by_step if isinstance(touch, Touches) else arena_touches(facts.schedule)
+        self.closes = [tuple([t for t in used if touch[t][-1] == i and t not in keep])
+                       for i, used in enumerate(self.arena)]
+        self.chains = {}       # (horizon, step, missing) -> [(what the walk asked and was told, its chain, drops)]
+        self.recomputes = {}   # (schedule step, workspace, label, algorithm) -> (label, workspace bytes, algorithm)
+
+    @staticmethod
+    def of(facts):
+        """``facts``' _Shared (made on the first lowering that reads it)."""
+        shared = facts.__dict__.get("_lowering")
+        if shared is None:
+            shared = facts.__dict__["_lowering"] = _Shared(facts)
+        return shared
 
 
 @dataclass(frozen=True)
@@ -89,8 +117,18 @@ class Checkpoint:
     cur: dict
     ends: tuple
     host_valid: frozenset
-    host_slots: dict
+    host_slots: int          # how many of the final program's host slots were taken then
     host_bytes: int
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What a resumed lowering shares with the Program it resumed from (``base``, a weak reference:
+    a Program does not keep its ancestors alive): its first ``steps`` program steps are that
+    program's, the same Step objects (the simulator starts from its replay of them)."""
+
+    base: object
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -146,8 +184,10 @@ def lower(schedule, evictions: dict, facts=None, algos=None, keep_within=0, base
     ``checkpoints``: how many times (evenly over the schedule) the pass records its state, so that a
     later lowering may start from it; ``base``: such a Program of this schedule and touches, whose
     pass the lowering of ``evictions`` repeats from its last checkpoint that :func:`shared_steps`
-    allows (with the same algorithms and horizon) instead of from the first step. The Program is
-    the same either way (tests/test_planning_time_lowering.py)."""
+    allows (with the same algorithms and horizon) instead of from the first step (the Program's
+    ``lineage`` says so). Lowerings that share ``facts`` also share the chains their restores walk
+    (:meth:`_Lowering.restore`). The Program is the same either way
+    (tests/test_planning_time_lowering.py, tests/test_planning_time_replay.py)."""
     facts = facts if isinstance(facts, Facts) else Facts(schedule, facts)
     return _Lowering(schedule, evictions, facts, algos or {}, keep_within, checkpoints).run(base)
 
@@ -280,7 +320,12 @@ def restore_footprint(order, present, droppable, nbytes, ws_bytes, secs) -> tupl
     return peak, seconds
 
 
-_step_fields = operator.attrgetter(*(f.name for f in fields(Step)))   # a Step's constructor arguments
+# The chain walks kept per restore (one step, the same missing tensors, one horizon) with their
+# questions and answers (_Lowering.restore): a trial's lowering asks again what the lowerings of the
+# plans it changes asked. GoogLeNet b256 @ 25% on a100, staged as 2 x 128 (1,042 lowerings): 85,818
+# walks with none kept, 7,149 keeping one, 6,374 two, 6,078 eight, 6,071 thirty-two.
+_CHAIN_WALKS = 8
+_end = operator.attrgetter("end")
 
 
 class _Lowering:
@@ -302,6 +347,9 @@ class _Lowering:
         self.host_valid: set = set()
         self.host_slots: dict = {}
         self.host_bytes = 0
+        self.lineage = None
+        self.shared = _Shared.of(facts)
+        self.arena = self.shared.arena
         self.producer, self.keep_to_end = facts.producer, facts.keep
         self.after = defaultdict(list)        # schedule step -> [(tensor, Evict)] after it
         self.early = defaultdict(list)        # schedule step -> [tensor] whose offload is issued with it
@@ -323,15 +371,6 @@ class _Lowering:
         self.steps.append(step)
         self.origin.append(orig)
         return step.index
-
-    def emit_copy(self, step, **changes) -> int:
-        """Append schedule step ``step`` renumbered, with ``changes``: a shallow copy, ~10x cheaper
-        than replace() (and, unlike copying its __dict__, one object for the garbage collector to
-        track, not two)."""
-        new = Step(*_step_fields(step))
-        for name, value in changes.items():
-            setattr(new, name, value)
-        return self.emit(new, step.index)
 
     def open(self, t, i, how):
         self.cur[t] = len(self.res)
@@ -361,10 +400,42 @@ class _Lowering:
     def restore(self, missing, needed):
         """Bring the tensors ``missing`` back before the current step, by :func:`restore_order`'s
         chain; every value restored on the way is dropped again after its last use in the chain,
-        unless :meth:`droppable` says it stays."""
-        drop = lambda u: self.droppable(u, needed)          # noqa: E731
-        order = restore_order(missing, needed, self.cur.__contains__, self.host_valid.__contains__,
-                              self.producer, self.tensors, drop)
+        unless :meth:`droppable` says it stays.
+
+        The chain is a function of the step, what is missing, the horizon and the answers of the
+        walk's questions (what is on the device, what the host holds): each walk is kept with the
+        questions it asked and the answers it got, and a walk whose questions get the same answers
+        now is that walk again (it asks them in the same order), so it is not walked again."""
+        cur, host = self.cur, self.host_valid
+        key = (self.keep_within, self.now, tuple(missing))
+        walks = self.shared.chains.get(key)
+        for asked, order, drops in walks or ():
+            on, off, held, not_held = asked
+            if (all(map(cur.__contains__, on)) and cur.keys().isdisjoint(off)
+                    and host.issuperset(held) and host.isdisjoint(not_held)):
+                break
+        else:
+            answers = ([], [], [], [])
+
+            def present(u):
+                yes = u in cur
+                answers[0 if yes else 1].append(u)
+                return yes
+
+            def on_host(u):
+                yes = u in host
+                answers[2 if yes else 3].append(u)
+                return yes
+
+            drop = lambda u: self.droppable(u, needed)          # noqa: E731
+            order = restore_order(missing, needed, present, on_host, self.producer, self.tensors, drop)
+            drops = tuple([u for kind, what in order for u in ([what] if kind == "prefetch" else what.outs)
+                           if drop(u)])
+            if walks is None:
+                walks = self.shared.chains[key] = []
+            elif len(walks) >= _CHAIN_WALKS:
+                del walks[0]
+            walks.append((tuple(map(tuple, answers)), order, drops))
         last = {}                             # restored value -> the last chain step that reads it
         for kind, what in order:
             if kind == "prefetch":
@@ -374,29 +445,43 @@ class _Lowering:
             for u in what.ins:
                 if u is not None:
                     last[u] = i
-        for kind, what in order:              # the chain's values nobody needs soon are dropped
-            for u in ([what] if kind == "prefetch" else what.outs):
-                if u in self.cur and self.res[self.cur[u]].origin != "compute" and drop(u):
-                    self.close(u, last.get(u, self.res[self.cur[u]].start))
+        res = self.res
+        for u in drops:                       # the chain's values nobody needs soon are dropped
+            k = cur.get(u)
+            if k is not None and res[k].origin != "compute":
+                self.close(u, last.get(u, res[k].start))
 
     def _recompute(self, src) -> int:
         """Emit a recomputation of schedule step ``src`` (its inputs on the device); its index."""
         algo = self.algos.get(src.index)
-        ws = self.workspace(f"recompute {src.label}", workspace_bytes(src, self.algos, self.tensors))
-        i = self.emit(Step(0, "recompute", f"recompute {src.label}", node=src.node, reads=list(src.reads),
-                           writes=[u for u in src.outs if u not in self.cur], ins=list(src.ins),
-                           outs=list(src.outs), ws=ws, flops=src.flops, algo=algo.name if algo else None),
+        key = (src.index, src.ws, src.label, algo)
+        made = self.shared.recomputes.get(key)
+        if made is None:
+            made = self.shared.recomputes[key] = (f"recompute {src.label}",
+                                                  workspace_bytes(src, self.algos, self.tensors),
+                                                  algo.name if algo else None)
+        label, nbytes, name = made
+        ws = self.workspace(label, nbytes)
+        cur = self.cur
+        i = self.emit(Step(0, "recompute", label, node=src.node, reads=list(src.reads),
+                           writes=[u for u in src.outs if u not in cur], ins=list(src.ins),
+                           outs=list(src.outs), ws=ws, flops=src.flops, algo=name),
                       src.index)
+        res = self.res
         if ws is not None:
-            self.res.append(Residency(ws, i, i, "compute"))
+            res.append(Residency(ws, i, i, "compute"))
         for u in src.ins:
-            if u is not None and u in self.cur:
-                self.extend(u, i)
+            if u is not None:
+                k = cur.get(u)
+                if k is not None and res[k].end < i:
+                    res[k].end = i
         for u in src.outs:
-            if u in self.cur:
-                self.extend(u, i)
-            else:
-                self.open(u, i, "recompute")
+            k = cur.get(u)
+            if k is None:
+                cur[u] = len(res)
+                res.append(Residency(u, i, i, "recompute"))
+            elif res[k].end < i:
+                res[k].end = i
         return i
 
     def droppable(self, u, needed) -> bool:
@@ -409,9 +494,11 @@ class _Lowering:
     # -- resuming ---------------------------------------------------------------
     def checkpoint(self, step):
         cur = dict(self.cur)
+        ends = tuple(map(_end, map(self.res.__getitem__, cur.values())))
+        # (the host store only grows: its first len(host_slots) slots then are the final program's)
         self.checkpoints.append(Checkpoint(step, len(self.steps), len(self.res), len(self.tensors),
-                                           len(self.offloads), cur, tuple(self.res[k].end for k in cur.values()),
-                                           frozenset(self.host_valid), dict(self.host_slots), self.host_bytes))
+                                           len(self.offloads), cur, ends, frozenset(self.host_valid),
+                                           len(self.host_slots), self.host_bytes))
 
     def resume(self, base) -> int:
         """Take the state of ``base``'s (a Program's) last checkpoint that lowering these decisions
@@ -439,37 +526,48 @@ class _Lowering:
             if delay:
                 self.holds.append((res[k], a + delay))
         self.cur, self.host_valid = dict(c.cur), set(c.host_valid)
-        self.host_slots, self.host_bytes = dict(c.host_slots), c.host_bytes
+        self.host_slots = dict(itertools.islice(base.host_slots.items(), c.host_slots))
+        self.host_bytes = c.host_bytes
+        self.lineage = Lineage(weakref.ref(base), c.steps)
         return c.step
 
     # -- the pass -------------------------------------------------------------
     def run(self, base=None) -> Program:
         start = self.resume(base)
-        tensors, touch, cur, res = self.tensors, self.touch, self.cur, self.res
-        algos, after, prefetch_at, keep_to_end = self.algos, self.after, self.prefetch_at, self.keep_to_end
-        arena = touch.by_step if isinstance(touch, Touches) else arena_touches(self.sched)
+        tensors, cur, res, steps, origin, at = self.tensors, self.cur, self.res, self.steps, self.origin, self.at
+        algos, after, prefetch_at = self.algos, self.after, self.prefetch_at
+        early, host_valid, closes = self.early, self.host_valid, self.shared.closes
+        arena = self.arena
         stride = self.stride
+        new_step = Step.__new__
         for s, touched in zip(self.sched.steps[start:], arena[start:]):
             now = self.now = s.index
             if stride and now % stride == 0 and now > start:
                 self.checkpoint(now)
-            for t in prefetch_at.get(now, ()):
-                if t not in cur:
-                    self.prefetch(t)
+            if now in prefetch_at:
+                for t in prefetch_at[now]:
+                    if t not in cur:
+                        self.prefetch(t)
             missing = [t for t in touched if t not in cur and t not in s.writes and t != s.ws]
             if missing:
                 self.restore(missing, set(touched))
-            issued = {t: self.issue(t) for t in self.early.get(now, ()) if t not in self.host_valid}
+            issued = ({t: self.issue(t) for t in early[now] if t not in host_valid} if now in early else None)
+            # the schedule step renumbered: a shallow copy (its __dict__ copied; ~2x cheaper than the
+            # constructor, ~20x than replace())
+            i = len(steps)
+            new = new_step(Step)
+            new.__dict__.update(s.__dict__)
+            new.index = i
+            steps.append(new)
+            origin.append(now)
             algo = algos.get(now)
             if algo is not None:              # the chosen algorithm brings its own workspace
                 touched = [t for t in touched if t != s.ws]
-                ws = self.workspace(s.label, algo.workspace)
-                i = self.emit_copy(s, algo=algo.name, ws=ws)
+                ws = new.ws = self.workspace(s.label, algo.workspace)
+                new.algo = algo.name
                 if ws is not None:
                     res.append(Residency(ws, i, i, "compute"))
-            else:
-                i = self.emit_copy(s)
-            self.at.append(i)
+            at.append(i)
             for t in touched:                 # open or extend (i is the latest step): inlined, the hot loop
                 k = cur.get(t)
                 if k is None:
@@ -478,15 +576,16 @@ class _Lowering:
                 else:
                     res[k].end = i
             if s.writes or s.updates:
-                self.host_valid.difference_update(s.writes)
-                self.host_valid.difference_update(s.updates)
-            for t, ev, gap in after.get(now, ()):
-                if ev.kind == "offload":
-                    self.offload(t, i, ev, issued.get(t), gap)
-                else:
-                    self.close(t, i)
-            for t in touched:                 # close (its residency ends at i already) after the last use
-                if t in cur and touch[t][-1] == now and t not in keep_to_end:
+                host_valid.difference_update(s.writes)
+                host_valid.difference_update(s.updates)
+            if now in after:
+                for t, ev, gap in after[now]:
+                    if ev.kind == "offload":
+                        self.offload(t, i, ev, issued.get(t) if issued else None, gap)
+                    else:
+                        self.close(t, i)
+            for t in closes[now]:             # close (its residency ends at i already) after the last use
+                if t in cur and (algo is None or t != s.ws):
                     del cur[t]
         last = len(self.steps) - 1
         for t in list(cur):
@@ -496,7 +595,7 @@ class _Lowering:
         resume = (Resume(dict(self.evictions), dict(self.algos), self.keep_within, self.at, self.offloads,
                          tuple(self.checkpoints)) if self.stride else None)
         return Program(self.steps, tensors, self.res, self.host_slots, self.host_bytes, self.origin, nbytes,
-                       resume)
+                       resume, self.lineage)
 
     def issue(self, t) -> int:
         """Emit the copy of ``t`` to its host slot (valid until ``t`` is written again); its index."""

@@ -16,14 +16,19 @@ link (``comm.shares_host_link``), copies and reductions are one queue on that
 link, in issue order: a ring step sends and receives at once, so a reduction
 holds both directions of the link and a copy beside it would only slow it by
 as much as it gains.
+
+The planner replays hundreds of programs that differ from one they were lowered
+from in a few decisions: a replay keeps its state at the lowering's checkpoints,
+and the replay of a program lowered from another (``Program.lineage``) starts
+from that one's last state it shares (:func:`simulate`).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
-
 
 
 @dataclass
@@ -52,9 +57,9 @@ class Simulation:
 def memory_curve(program) -> np.ndarray:
     """Arena bytes held at each step of ``program`` (placement aside)."""
     starts, ends, sizes = program.buffers
-    diff = np.zeros(len(program.steps) + 1, np.int64)
-    np.add.at(diff, starts, sizes)
-    np.subtract.at(diff, ends + 1, sizes)
+    n = len(program.steps)
+    # (bincount's float64 sums are exact: a step's sum stays far below 2^53 bytes)
+    diff = (np.bincount(starts, sizes, n + 1) - np.bincount(ends + 1, sizes, n + 1)).astype(np.int64)
     return np.cumsum(diff[:-1])
 
 
@@ -64,29 +69,118 @@ def step_costs(program, schedule, cost, algos=None) -> list:
     return [cost.step_seconds(schedule, steps[o], algos.get(o)) if o >= 0 else 0.0 for o in program.origin]
 
 
-def simulate(program, schedule, cost, costs=None, algos=None, comm=None) -> Simulation:
-    """The predicted timeline of ``program``. ``comm``: the reduction cost of data-parallel ranks
-    (``comm.seconds(nbytes)`` and ``comm.shares_host_link``; see ``memory.dataparallel``), needed
-    where the program has ``reduce`` steps."""
-    costs = costs if costs is not None else step_costs(program, schedule, cost, algos)
+@dataclass
+class _Replay:
+    """What replaying a Program leaves on it (``Program.replay``) for the replays of the programs
+    lowered from it (their ``lineage``): the inputs it was replayed with, where its frees waited for
+    offloads (``waits``) and the compute stream's time at each step before those waits (``before``),
+    when each offload ended (``done``), the result, and the replay's state at the program steps where
+    the lowering kept checkpoints (a program resumed from one of them shares the steps before it)."""
+
+    schedule: object
+    cost: object
+    algos: dict
+    waits: dict
+    before: list
+    done: dict
+    simulation: Simulation
+    states: list          # (program step, the state before it), ascending
+    table: list           # seconds by schedule step (0.0 last: a copy's origin is -1)
+
+
+def _waits(program) -> dict:
+    """Program step -> the offloads (program steps) whose completion a free after it waits for, in
+    the residencies' order."""
     waits: dict[int, list] = {}
     for r in program.residencies:
         if r.wait_offload is not None:
             waits.setdefault(r.end, []).append(r.wait_offload)
+    return waits
+
+
+def _resumable(program, schedule, cost, algos, waits):
+    """(the base's replay, or None where it was replayed otherwise; the latest of its states this
+    replay may start from, or None).
+
+    A program lowered from another (``Program.lineage``) has that one's first steps; replayed with
+    the same costs, its state before a step q is the other's where, besides, every free before q
+    that waits for an offload in one of them and not alike in the other waits for nothing: the
+    offload had ended when the compute stream reached the free (the copy timing holds a buffer
+    until its copy is done, so a retimed plan's frees move without waiting)."""
+    lineage = program.lineage
+    base = lineage.base() if lineage is not None else None
+    replay = base.replay if base is not None else None
+    if replay is None or replay.schedule is not schedule or replay.cost is not cost or replay.algos != algos:
+        return None, None
+    limit = lineage.steps
+    if not replay.states or limit < replay.states[0][0]:
+        return replay, None
+    old, before, done = replay.waits, replay.before, replay.done
+    for e in sorted({e for e in waits if e < limit} | {e for e in old if e < limit}):
+        if e >= limit:
+            break
+        now, was = waits.get(e), old.get(e)
+        if now != was and any(done[j] > before[e] for js in (now, was) if js for j in js):
+            limit = e
+            break
+    at = bisect.bisect_right(replay.states, limit, key=lambda st: st[0]) - 1
+    return replay, (replay.states[at] if at >= 0 else None)
+
+
+def simulate(program, schedule, cost, costs=None, algos=None, comm=None) -> Simulation:
+    """The predicted timeline of ``program``. ``comm``: the reduction cost of data-parallel ranks
+    (``comm.seconds(nbytes)`` and ``comm.shares_host_link``; see ``memory.dataparallel``), needed
+    where the program has ``reduce`` steps.
+
+    Without ``costs`` and ``comm``, the replay keeps its state where the program's lowering kept
+    checkpoints (``Program.replay``), and a program lowered from another (``Program.lineage``)
+    starts from the latest state of that one's replay that it shares; the result is the same
+    (tests/test_planning_time_replay.py)."""
+    waits = _waits(program)
+    algos = algos or {}
+    keep = costs is None and comm is None and program.resume is not None
+    base, start = _resumable(program, schedule, cost, algos, waits) if keep else (None, None)
+    if keep:        # every step's seconds, by its origin (computed once for a lineage of programs)
+        table = base.table if base is not None else (
+            [cost.step_seconds(schedule, st, algos.get(st.index)) for st in schedule.steps] + [0.0])
     shared = 1.0 - cost.copy_overlap     # the fraction of a copy's time that compute beside it loses
-    t_c = t_x = stall = busy = recompute = compute = 0.0
-    t_m = comm_busy = comm_wait = 0.0        # the communication stream
     one_link = comm is not None and comm.shares_host_link
     reduced: dict[int, float] = {}           # gradient -> the end of its reduction
-    ready: dict[int, float] = {}
-    done: dict[int, float] = {}
-    off_b = pre_b = 0
-    starts, ends, streams = [], [], []
-    for i, s in enumerate(program.steps):
+    if start is None:
+        q = 0
+        if costs is None:
+            costs = list(map(table.__getitem__, program.origin)) if keep else step_costs(program, schedule, cost,
+                                                                                          algos)
+        t_c = t_x = stall = busy = recompute = compute = 0.0
+        t_m = comm_busy = comm_wait = 0.0        # the communication stream
+        off_b = pre_b = 0
+        ready: dict[int, float] = {}         # tensor -> when its last prefetch arrives
+        done: dict[int, float] = {}          # offload -> when it ends
+        starts, ends, streams = [], [], []
+        states, before = [], []
+    else:
+        q, state = start
+        (t_c, t_x, t_m, stall, busy, recompute, compute, comm_busy, comm_wait, off_b, pre_b, ready,
+         done) = state
+        ready, done = dict(ready), dict(done)
+        old = base.simulation
+        costs = old.costs[:q] + list(map(table.__getitem__, program.origin[q:]))
+        starts, ends, streams = old.start[:q], old.end[:q], old.stream[:q]
+        states, before = [st for st in base.states if st[0] <= q], base.before[:q]
+    marks = iter([c.steps for c in program.resume.checkpoints if c.steps > q] if keep else ())
+    mark = next(marks, -1)
+    steps, tensors = program.steps, program.tensors
+    latest = max(ready.values(), default=0.0)   # the latest arrival of a prefetch
+    for i in range(q, len(steps)):
+        if i == mark:
+            states.append((i, (t_c, t_x, t_m, stall, busy, recompute, compute, comm_busy, comm_wait, off_b, pre_b,
+                               dict(ready), dict(done))))
+            mark = next(marks, -1)
+        s = steps[i]
         kind = s.kind
         if kind == "offload" or kind == "prefetch":
             t = s.reads[0] if kind == "offload" else s.writes[0]
-            n = program.tensors[t].nbytes
+            n = tensors[t].nbytes
             d = cost.transfer_seconds(n)
             begin = max(t_c, t_x, t_m) if one_link else max(t_c, t_x)
             t_x = begin + d
@@ -99,15 +193,19 @@ def simulate(program, schedule, cost, costs=None, algos=None, comm=None) -> Simu
                 off_b += n
             else:
                 ready[t] = t_x
+                latest = t_x if t_x > latest else latest
                 pre_b += n
             starts.append(begin), ends.append(t_x), streams.append("copy")
-            for j in waits.get(i, ()):    # a synchronous offload: compute waits for it here
-                if done[j] > t_c:
-                    stall += done[j] - t_c
-                    t_c = done[j]
+            if keep:
+                before.append(t_c)
+            if i in waits:
+                for j in waits[i]:            # a synchronous offload: compute waits for it here
+                    if done[j] > t_c:
+                        stall += done[j] - t_c
+                        t_c = done[j]
             continue
         if kind == "reduce":
-            d = comm.seconds(sum(program.tensors[t].nbytes for t in s.updates))
+            d = comm.seconds(sum(tensors[t].nbytes for t in s.updates))
             begin = max(t_c, t_m, t_x) if one_link else max(t_c, t_m)
             t_m = begin + d
             comm_busy += d
@@ -117,12 +215,19 @@ def simulate(program, schedule, cost, costs=None, algos=None, comm=None) -> Simu
             for t in s.updates:
                 reduced[t] = t_m
             starts.append(begin), ends.append(t_m), streams.append("comm")
+            if keep:
+                before.append(t_c)
             continue
-        # the latest arrival of what it touches (ready.get(t, 0.0) each); 0.0 before any prefetch
-        need = max(map(ready.get, s.touched, repeat(0.0)), default=0.0) if ready else 0.0
-        if need > t_c:
-            stall += need - t_c
-            t_c = need
+        if ready:
+            if latest <= t_c:
+                # every prefetch has arrived before the compute stream got here: none can hold it up
+                # again (the clock only moves on), so they are let go
+                ready.clear()
+            else:   # the latest arrival of what it touches (ready.get(t, 0.0) each)
+                need = max(map(ready.get, s.touched, repeat(0.0)), default=0.0)
+                if need > t_c:
+                    stall += need - t_c
+                    t_c = need
         if reduced:
             need = max(map(reduced.get, s.reads, repeat(0.0)), default=0.0)
             if need > t_c:
@@ -134,10 +239,16 @@ def simulate(program, schedule, cost, costs=None, algos=None, comm=None) -> Simu
         compute += c
         if kind == "recompute":
             recompute += c
-        for j in waits.get(i, ()):
-            if done[j] > t_c:
-                stall += done[j] - t_c
-                t_c = done[j]
+        if keep:
+            before.append(t_c)
+        if i in waits:
+            for j in waits[i]:
+                if done[j] > t_c:
+                    stall += done[j] - t_c
+                    t_c = done[j]
         ends.append(t_c), streams.append("compute")
-    return Simulation(max(t_c, t_x, t_m), compute, recompute, busy, stall, off_b, pre_b, starts, ends, streams,
-                      memory_curve(program).tolist(), costs, comm_busy, comm_wait)
+    sim = Simulation(max(t_c, t_x, t_m), compute, recompute, busy, stall, off_b, pre_b, starts, ends, streams,
+                     memory_curve(program).tolist(), costs, comm_busy, comm_wait)
+    if keep:
+        program.replay = _Replay(schedule, cost, dict(algos), waits, before, done, sim, states, table)
+    return sim

@@ -42,7 +42,7 @@ from ..ops.norm import BatchNorm2dOp
 from ..schedule import PARAM_GRAD
 from ..trace import SplitRecording
 from .config import format_bytes
-from .costmodel import ProfileCost
+from .costmodel import CachedCost, ProfileCost
 from .planner import algorithm_options, lower_bound, minimum_bytes, plan_memory, smallest, unlimited_seconds
 
 
@@ -257,6 +257,8 @@ class StagedPlan(_Split):
     budget: int
     bn: str = "of the full mini-batch (exact)"
     unsplit_seconds: float = None
+    # (k, its floor) of each larger split not planned: its floor (compute_floor) is no faster than this plan
+    not_planned: tuple = ()
     batch_norm_updates = 1           # the combine moves the running statistics once, with the full batch's
 
     @property
@@ -294,7 +296,36 @@ class StagedPlan(_Split):
         return head + "\n" + self.plan.summary(top, run=f"the staged iteration of {self.k} sub-batches")
 
 
-def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> StagedPlan:
+def compute_floor(schedule, config, cost=None) -> float:
+    """Seconds that no plan of ``schedule`` under ``config`` is predicted faster than: every step once,
+    each at its fastest algorithm (or its own, where that is faster), added in the schedule's order.
+
+    A plan runs every schedule step once, with its own algorithm or one of the options, in the
+    schedule's order; the simulator adds each step's seconds to the compute stream's clock, and what
+    else it does (recomputations, copies' shares, waits) only moves that clock later. Floating-point
+    addition is monotone in each operand, so a plan's predicted time is at least this sum computed in
+    the same order (tests/test_planning_time_staged.py)."""
+    cost = CachedCost(cost or ProfileCost(config.profile))
+    options = algorithm_options(schedule, cost, pinned=config.algorithms != "auto")
+    total = 0.0
+    for s in schedule.steps:
+        total += min([cost.step_seconds(schedule, s, None)] + [secs for secs, _ in options.get(s.index, ())])
+    return total
+
+
+def plans(schedule, config, cost=None) -> bool:
+    """Whether ``plan_memory(schedule, config, cost)`` is sure to return a plan rather than raise:
+    under the ``auto`` policy it returns one wherever the least it can need (minimum_bytes: the
+    minimum plan, or evicting nothing where that needs less) is within the budget (in bytes)."""
+    budget = config.budget
+    if budget is None:
+        return True
+    if not isinstance(budget, (int, np.integer)) or isinstance(budget, bool) or config.policy_object().name != "auto":
+        return False
+    return minimum_bytes(schedule, config, cost) <= budget
+
+
+def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors=True) -> StagedPlan:
     """The fastest feasible split of a ``batch``-sample mini-batch with exact BatchNorm statistics.
 
     ``schedule_for(k)`` returns the stage-major schedule of the whole iteration
@@ -303,6 +334,11 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
     k without planning it (a k whose sub-batch a layer refuses, as BatchNorm1d
     refuses one sample, is not a split). Raises MemoryBudgetError with the
     minimum at the smallest sub-batch when none fits.
+
+    k = 2, 4, ... are planned in turn until one is no faster than the best before it. With
+    ``floors``, a k whose :func:`compute_floor` is no faster than the best and that is sure to
+    find a plan (:func:`plans`) ends the search unplanned: planned, it would have ended it too
+    (the plan is the same; the k is in the plan's ``not_planned``).
     """
     budget = config.budget
     best, smallest_split, refused = None, None, None
@@ -318,7 +354,13 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None) -> Sta
         if budget is not None and bound > budget:
             continue
         try:
-            plan = StagedPlan(k, batch // k, plan_memory(schedule_for(k), config, cost), budget)
+            schedule = schedule_for(k)
+            floor = compute_floor(schedule, config, cost) if best is not None and floors else None
+            if floor is not None and floor >= best.predicted_seconds and plans(schedule, config, cost):
+                # planning k would find a plan, no faster than the best: the loop would end there
+                best = replace(best, not_planned=((k, floor),))
+                break
+            plan = StagedPlan(k, batch // k, plan_memory(schedule, config, cost), budget)
         except MemoryBudgetError:
             continue
         if best is not None and plan.predicted_seconds >= best.predicted_seconds:
