@@ -80,6 +80,40 @@ def test_an_exception_raised_while_the_lanes_run_waits_for_them():
     assert blas_threads() == before
 
 
+def test_an_exception_raised_before_submit_returns_a_started_lane_still_waits_for_it(monkeypatch):
+    """The window the signal test hits only by chance, made certain: the calling thread's exception
+    comes after the pool has started lane 1 and before ``submit`` has returned its future, so the
+    calling thread never holds it; ``run`` must still return only after lane 1 is done."""
+    lanes, done = Lanes(_C), []
+    started = threading.Event()
+
+    class Interrupted(Exception):
+        pass
+
+    class Pool:
+        def __init__(self, pool):
+            self._pool = pool
+
+        def submit(self, fn, *args):
+            future = self._pool.submit(fn, *args)
+            if args[-1] == 1:
+                assert started.wait(10)
+                raise Interrupted        # as a signal handler would, inside submit
+            return future
+    real = lanes._workers
+    monkeypatch.setattr(lanes, "_workers", lambda p: Pool(real(p)))
+
+    def fn(j):
+        if j == 1:
+            started.set()
+            threading.Event().wait(0.3)
+        done.append(j)
+    with pytest.raises(Interrupted):
+        lanes.run(fn, 3)
+    finished = sorted(done)
+    lanes.close()
+    assert 1 in finished and 2 not in finished
+
 def _conv_case(n=5):
     rng = np.random.default_rng(0)
     op = Conv2dOp(stride=1, padding=1)

@@ -11,12 +11,16 @@ alone, never on which thread runs it, so results are reproducible.
 
 No lane outlives ``run``: the lanes write into the arena, so an exception raised
 in the calling thread while it waits (a signal handler that raises) first
-cancels the lanes not yet started and waits for the running ones; the step's
-transaction (minidnn.transaction) then rolls back a state nothing writes to any more.
+closes the run's gate, so that lanes not yet started never start, and waits for
+the running ones; the step's transaction (minidnn.transaction) then rolls back a
+state nothing writes to any more. The gate counts the lanes that run, not the
+futures the calling thread holds: the exception can come while ``submit`` has
+started a lane and not yet returned its future.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, wait
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 
 class Lanes:
@@ -49,17 +53,15 @@ class Lanes:
         threads = [lib.num_threads for lib in libs]
         for lib in libs:
             lib.set_num_threads(1)
-        futures = []
+        gate, futures = _Gate(), []
         try:
             try:
                 for j in range(p):
-                    futures.append(pool.submit(fn, j))
+                    futures.append(pool.submit(gate.lane, fn, j))
                 for f in futures:
                     f.exception()             # wait for every lane before any error surfaces
             except BaseException:             # raised in this thread, the lanes still running
-                for f in futures:
-                    f.cancel()                # those not started never start
-                _wait_out(futures)
+                gate.drain()
                 raise
             for f in futures:
                 f.result()
@@ -73,13 +75,35 @@ class Lanes:
         self._pool, self._size = None, 0
 
 
-def _wait_out(futures):
-    """Return once no lane of ``futures`` runs, even if more exceptions are raised here meanwhile
-    (a second signal): the first one is the one that propagates, after the lanes, which finish
-    their piece of a kernel in moments."""
-    while True:
+class _Gate:
+    """The lanes of one ``run``: how many run now, and whether the others may still start."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._running, self._closed = 0, False
+
+    def lane(self, fn, j):
+        with self._cv:
+            if self._closed:
+                return
+            self._running += 1
         try:
-            wait(futures)
-            return
-        except BaseException:
-            continue
+            fn(j)
+        finally:
+            with self._cv:
+                self._running -= 1
+                self._cv.notify_all()
+
+    def drain(self):
+        """Close the gate and return once no lane runs, even if more exceptions are raised here
+        meanwhile (a second signal): the first one is the one that propagates, after the lanes,
+        which finish their piece of a kernel in moments."""
+        while True:
+            try:
+                with self._cv:
+                    self._closed = True
+                    while self._running:
+                        self._cv.wait()
+                return
+            except BaseException:
+                continue
