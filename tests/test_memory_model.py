@@ -126,3 +126,29 @@ def test_a_recomputations_estimate_is_the_chain_its_lowering_runs(name):
 @given(spec=dags(max_nodes=10), profile=st.sampled_from(["cpu-2core", "a100-40gb"]))
 def test_random_dag_recompute_estimates_are_the_lowered_chains(spec, profile):
     check_recompute_estimates(build_schedule(trace(RandomDag(spec), SHAPE, loss=nn.CrossEntropyLoss())), profile)
+
+
+def test_a_stuck_greedy_offloads_what_a_chain_recomputes_and_goes_on_lower():
+    """Where no gap left lowers the peak, a value that the peak step's restore chain recomputes
+    (because an earlier decision recomputes it) is offloaded instead: the decision is recorded after
+    the recomputation it replaces, the curve is still the lowered one, and the greedy then lowers
+    the peak further than where it was stuck (ResNet-20 b8 on titanx-12gb: three such moves)."""
+    g = trace(models.get("resnet20"), (8, 3, 32, 32), loss=nn.CrossEntropyLoss())
+    sched = build_schedule(g, optimizer=optim.SGD(lr=0.05, momentum=0.9))
+    cost, touch = ProfileCost("titanx-12gb"), touches(sched)
+    options = algorithm_options(sched, cost)
+    algos = fastest(options)
+    greedy = Greedy(Facts(sched, touch), cost, True, True, options, algos)
+    greedy.greedy(0)
+    decided = [d[1] for d in greedy.decisions]
+    converted = [i for i, d in enumerate(greedy.decisions)
+                 if d[0] == "evict" and d[2].kind == "offload" and d[1] in decided[:i]]
+    assert converted
+    for i in converted:
+        earlier = decided.index(greedy.decisions[i][1])
+        assert greedy.decisions[earlier][2].kind == "recompute"
+        ev, chosen = greedy.greedy(greedy.peaks[i] - 1)       # the decisions up to the conversion
+        assert ev[greedy.decisions[i][1]].kind == "offload"
+        lowered = grouped(lower(sched, ev, touch, chosen), len(sched.steps))
+        assert lowered.max() < greedy.peaks[i]
+    assert min(greedy.peaks) < greedy.peaks[converted[-1]]
