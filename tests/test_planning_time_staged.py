@@ -12,6 +12,7 @@ from minidnn import MemoryBudgetError, models, nn, optim
 from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import MemoryConfig
+from minidnn.memory.knobs import Knobs
 from minidnn.memory.planner import plan_memory
 from minidnn.memory.subbatch import compute_floor, plan_staged
 from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
@@ -28,8 +29,8 @@ def _fingerprint(plan):
 CASES = [("resnet20", (32, 3, 32, 32), 0.15, "v100-16gb"), ("densenet_small", (16, 3, 32, 32), 0.25, "a100-40gb")]
 
 
-@pytest.mark.parametrize("name,shape,budget,profile", CASES)
-def test_a_split_left_unplanned_is_no_faster(name, shape, budget, profile):
+def _split_case(name, shape, budget, profile):
+    """(the network's Splits, the config with the budget in bytes, plan_staged's arguments)."""
     with shapes_only():
         net = models.get(name)
     _, schedule = training_schedule(net, shape)
@@ -41,14 +42,40 @@ def test_a_split_left_unplanned_is_no_faster(name, shape, budget, profile):
         limit = e.budget_bytes
     config = replace(config, budget=limit)
     batch = shape[0]
-    args = (batch, lambda k: splits.staged(batch // k, k), lambda b: splits.sub(b)[0], config)
-    got, want = plan_staged(*args), plan_staged(*args, floors=False)
+    return splits, config, (batch, lambda k: splits.staged(batch // k, k), lambda b: splits.sub(b)[0], config)
+
+
+@pytest.mark.parametrize("name,shape,budget,profile", CASES)
+def test_a_split_left_unplanned_is_no_faster(name, shape, budget, profile):
+    splits, config, args = _split_case(name, shape, budget, profile)
+    batch = shape[0]
+    every_k_in_full = Knobs(split_choice_seed_steps=None)    # (the floors, not the lighter search, end these)
+    got, want = plan_staged(*args, knobs=every_k_in_full), plan_staged(*args, floors=False, knobs=every_k_in_full)
     assert got.not_planned and not want.not_planned
     assert _fingerprint(got) == _fingerprint(want)
     for k, floor in got.not_planned:
         assert floor >= got.predicted_seconds
         planned = plan_memory(splits.staged(batch // k, k), config)
         assert planned.simulation.seconds >= floor
+
+
+@pytest.mark.parametrize("name,shape,budget,profile", CASES)
+def test_the_k_a_lighter_search_chooses_is_planned_in_full(name, shape, budget, profile):
+    """The splits are compared by plans of the lighter search (Knobs.split_choice_seed_steps): the k
+    chosen is the fastest of those the lighter search planned, and gets the faster of its lighter
+    plan and the full search's, so it is never slower than the full search at that k."""
+    splits, config, args = _split_case(name, shape, budget, profile)
+    batch = shape[0]
+    got = plan_staged(*args)
+    staged = splits.staged(batch // got.k, got.k)
+    full = plan_memory(staged, config)
+    lighter = Knobs(baseline_seed_steps=Knobs().split_choice_seed_steps)
+    light = plan_memory(staged, config, knobs=lighter)
+    assert got.predicted_seconds == min(full.predicted_seconds, light.predicted_seconds)
+    for k in (2, 4):
+        if k != got.k:
+            other = plan_memory(splits.staged(batch // k, k), config, knobs=lighter)
+            assert other.predicted_seconds >= light.predicted_seconds
 
 
 def _schedule(net, shape):

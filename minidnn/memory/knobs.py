@@ -53,6 +53,15 @@ class Knobs:
     # costs a lowering and a replay (0.3 s apiece on ResNet-1001's 10040 steps, whose plan must
     # take at most 2 s; ResNet-152's 2,000 steps take 0.05 s).
     baseline_seed_steps: int = 5000
+    # A staged split's k is chosen by plans whose search has ``baseline_seed_steps`` set to this
+    # (the seeds and repairs it leaves out cost most of a split's planning and rarely move which k
+    # is fastest); only the k chosen is then planned in full. ResNet-18 b512 @ 30% on titanx, per
+    # k, full against chosen-with: k=4 1971.1 / 1971.5 ms, k=8 1940.3 / 1945.9 ms, k=16 1953.8 /
+    # 1956.6 ms, in 12.7 / 1.1, 18-21 / 1.4-1.8 and 46 / 2.8 s CPU: the same k. The 10 commands of
+    # bench_planning_time.py get the same plans (ResNet-18 65 -> 20 s CPU, GoogLeNet 27 -> 19 s);
+    # ResNet-20 b32 @ 15% on v100 gets k=2 at 21.62 ms where every k in full finds k=4 at 21.24
+    # (tests/test_planning_time_staged.py). None: every k in full.
+    split_choice_seed_steps: int | None = 0
     # The greedy is also a seed at these shares of the limit (on schedules of at most
     # ``baseline_seed_steps`` steps): its model frees an offload's bytes over its whole gap, while
     # the timed copies hold them while they run, so a plan that fits with no room to spare stalls:

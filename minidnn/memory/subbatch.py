@@ -43,6 +43,7 @@ from ..schedule import PARAM_GRAD
 from ..trace import SplitRecording
 from .config import format_bytes
 from .costmodel import CachedCost, ProfileCost
+from .knobs import Knobs
 from .planner import algorithm_options, lower_bound, minimum_bytes, plan_memory, smallest, unlimited_seconds
 
 
@@ -325,7 +326,8 @@ def plans(schedule, config, cost=None) -> bool:
     return minimum_bytes(schedule, config, cost) <= budget
 
 
-def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors=True) -> StagedPlan:
+def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors=True,
+                knobs: Knobs = Knobs()) -> StagedPlan:
     """The fastest feasible split of a ``batch``-sample mini-batch with exact BatchNorm statistics.
 
     ``schedule_for(k)`` returns the stage-major schedule of the whole iteration
@@ -339,8 +341,14 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors
     ``floors``, a k whose :func:`compute_floor` is no faster than the best and that is sure to
     find a plan (:func:`plans`) ends the search unplanned: planned, it would have ended it too
     (the plan is the same; the k is in the plan's ``not_planned``).
+
+    The k are compared by plans of a lighter search (``knobs.split_choice_seed_steps``); the k
+    chosen is planned again with ``knobs`` where that search is not the same, and keeps the
+    faster of its two plans.
     """
     budget = config.budget
+    choice = knobs if knobs.split_choice_seed_steps is None else \
+        replace(knobs, baseline_seed_steps=min(knobs.baseline_seed_steps, knobs.split_choice_seed_steps))
     best, smallest_split, refused = None, None, None
     for k in _divisors(batch):
         try:            # a layer may refuse sub-batches of few samples (BatchNorm1d on (N, C) needs 2)
@@ -360,12 +368,16 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors
                 # planning k would find a plan, no faster than the best: the loop would end there
                 best = replace(best, not_planned=((k, floor),))
                 break
-            plan = StagedPlan(k, batch // k, plan_memory(schedule, config, cost), budget)
+            plan = StagedPlan(k, batch // k, plan_memory(schedule, config, cost, choice), budget)
         except MemoryBudgetError:
             continue
         if best is not None and plan.predicted_seconds >= best.predicted_seconds:
             break        # more sub-batches only add overhead, and the schedule (and its planning) grows with k
-        best = plan
+        best, best_schedule = plan, schedule
+    if best is not None and len(best_schedule.steps) <= knobs.baseline_seed_steps and choice != knobs:
+        full = plan_memory(best_schedule, config, cost, knobs)      # fits: a search of more seeds and repairs
+        if full.predicted_seconds < best.predicted_seconds:
+            best = replace(best, plan=full)
     if best is None and smallest_split is None:
         raise refused
     if best is None:     # the least the planner needs at the smallest sub-batch (one planning pass, no search)
