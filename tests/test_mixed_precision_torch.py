@@ -25,9 +25,11 @@ Measured (resnet20): minidnn-torch, torch_bf16-fp32 and minidnn-fp32 are all ali
 is too tight for early layers: their weight gradients are sums with much cancellation, whose
 rounding errors scale with the summands, not the sum.
 
-The learning rate is small (lr = 0.002, momentum 0.9) so that the training is not chaotic on
-these random batches: in fp32 the two frameworks then agree to 1e-5 after 20 steps (checked
-below), so what is measured is the precision's doing, not an amplified butterfly.
+The learning rate is small (lr = 0.001, momentum 0.9) so that the training is not chaotic on
+these random batches: in fp32 the two frameworks then agree to fp32's own accumulation
+differences after 20 steps (checked below, with its bound derived; at lr = 0.002 an AMD EPYC's
+fp32 runs part at step 7, 1e-7 -> 7e-6, and grow tenfold a step to 1e-2), so what is measured
+is the precision's doing, not an amplified butterfly.
 """
 import math
 
@@ -44,7 +46,7 @@ torch = pytest.importorskip("torch")
 from torch import nn as tnn  # noqa: E402
 
 U_BF16 = 2.0 ** -8
-STEPS, LR = 20, 0.002
+STEPS, LR = 20, 0.001
 NETS = {"resnet20": (make_resnet20, (8, 3, 16, 16)), "densenet": (make_densenet, (8, 3, 16, 16)),
         "vgg11_bn": (make_vgg11_bn, (8, 3, 32, 32))}
 
@@ -115,11 +117,22 @@ def test_bf16_training_agrees_with_torch_autocast(name):
         assert np.linalg.norm(theirs - p0[k]) > 0 or k.endswith("running_var"), k    # training moved it
 
 
+U_FP32 = 2.0 ** -24
+
+
 def test_fp32_reference_run_is_not_chaotic():
-    """The setting above in fp32: both frameworks agree to fp32's own accumulation differences."""
+    """The setting above in fp32: both frameworks agree to fp32's own accumulation differences, which
+    grow at most linearly with the steps (no amplification). Their sums run in other orders (BLAS
+    kernels differ by CPU): a sum of K terms in another order differs by about sqrt(K) u relatively
+    (rounding errors adding as a random walk; K: the longest reduction, a weight gradient's or a
+    BatchNorm statistic's over N H W at full resolution), and each step's update adds its own such
+    difference, so the loss at step t is within (t + 1) sqrt(K) u of the other's. A chaotic setting
+    amplifies the first difference geometrically and leaves that bound within a few steps."""
     _, net, tnet, _, losses = train_both("resnet20", "fp32")
-    for ours, theirs in losses:
-        assert abs(ours - theirs) <= 1e-5 * abs(theirs)
+    n, _, h, w = NETS["resnet20"][1]
+    k = n * h * w
+    for t, (ours, theirs) in enumerate(losses):
+        assert abs(ours - theirs) <= (t + 1) * math.sqrt(k) * U_FP32 * abs(theirs), (t, ours, theirs)
 
 
 FP16_SHAPE, FP16_STEPS, FORCED = (8, 1, 28, 28), 12, 7
