@@ -401,10 +401,8 @@ class Greedy:
         offloading row ``k`` instead of recomputing it, or None where that does not lower the peak at
         ``s`` or lifts another step to it."""
         t, g, a, b, size = self.rows[k]
-        self.evicted[t][g] = "offload"
         again = {c for c in self.asked.get(t, ()) if c > a} | {b}
-        walks = {c: self.walk(c) for c in again}
-        self.evicted[t][g] = "recompute"
+        walks = self._walks_as(k, "offload", again, self.walk)
         added = (self.xfer[k] if self._over([k])[0] else self.off_cost[k]) - self.rc_cost[k]
         lowered = 0.0
         for c, (chain, secs, *_) in walks.items():
@@ -425,14 +423,10 @@ class Greedy:
         """(the seconds the chains add, their new walks) of evicting row ``k`` by ``kind``, or None
         where a chain it changes would then hold the peak or more."""
         t, g, a, b, size = self.rows[k]
-        self.evicted[t][g] = kind
         again = {c for c in self.asked.get(t, ()) if c > a}
         if kind == "recompute":
             again.add(b)
-        walks = {c: self.trials.walk(self, c, k, kind) for c in again}
-        del self.evicted[t][g]
-        if not self.evicted[t]:
-            del self.evicted[t]
+        walks = self._walks_as(k, kind, again, lambda c: self.trials.walk(self, c, k, kind))
         added = 0.0
         for c, (chain, secs, *_) in walks.items():
             drop = size if a < c < b or (c == b and kind == "recompute") else 0
@@ -442,6 +436,21 @@ class Greedy:
                 return None
             added += secs - self.chain_secs[c]
         return added, walks
+
+    def _walks_as(self, k, kind, steps, walk):
+        """{c: walk(c)} for ``steps``, the chains walked as if row ``k``'s gap were evicted by ``kind``
+        (the decisions as they are again after)."""
+        t, g = self.rows[k][0], self.rows[k][1]
+        was = self.evicted[t].get(g)
+        self.evicted[t][g] = kind
+        walks = {c: walk(c) for c in steps}
+        if was is not None:
+            self.evicted[t][g] = was
+        else:
+            del self.evicted[t][g]
+            if not self.evicted[t]:
+                del self.evicted[t]
+        return walks
 
     def _commit(self, k, kind, walks):
         """Evict row ``k`` by ``kind``, its changed chains walked already (``walks``)."""
