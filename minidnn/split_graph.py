@@ -65,6 +65,10 @@ def _batch_free(graph) -> set:
 
 def _check(graph, b, free):
     (loss,) = graph.outputs
+    reader = {}                               # value id -> the first node that reads it
+    for m in graph.nodes:
+        for v in m.inputs:
+            reader.setdefault(v.id, m)
     for n in graph.nodes:
         if n.id in free:
             continue
@@ -75,9 +79,10 @@ def _check(graph, b, free):
                                  f"to keep the batch ({b}) as its first dimension; this node's output has shape "
                                  f"{v.shape}{_OPT_IN}")
         if _is_batch_norm(n):
-            users = [m.label for m in graph.nodes for v in m.inputs if v in n.outputs[1:]]
+            users = [reader[v.id] for v in n.outputs[1:] if v.id in reader]
             if users:
-                raise ShapeError(f"{n.label}: its batch statistics are read by {users[0]}, which exact BatchNorm "
+                first = min(users, key=graph.nodes.index)
+                raise ShapeError(f"{n.label}: its batch statistics are read by {first.label}, which exact BatchNorm "
                                  f"statistics over sub-batches cannot provide{_OPT_IN}")
 
 
@@ -131,27 +136,36 @@ def split_graph(graph: Graph, k: int) -> Graph:
     for n in graph.nodes:
         for v in n.inputs:
             readers[v.id] = readers.get(v.id, 0) + 1
+    # per stage, in the graph's order: (node, what it emits there): a BatchNorm its statistics in its
+    # input's stage and its normalization one stage later, any other node (not batch-free) itself
+    emitted, batch_norms = {}, {}
+    for n in graph.nodes:
+        if _is_batch_norm(n):
+            emitted.setdefault(stage[n.id], []).append((n, "stats"))
+            emitted.setdefault(stage[n.id] + 1, []).append((n, "apply"))
+            batch_norms.setdefault(stage[n.id], []).append(n)
+        elif n.id not in free:
+            emitted.setdefault(stage[n.id], []).append((n, "op"))
     for s in range(max(stage.values(), default=0) + 1):
         for j in range(k):
-            for n in graph.nodes:
+            for n, what in emitted.get(s, ()):
                 path = f"{n.path}[{j}]"
-                if _is_batch_norm(n) and stage[n.id] == s:
+                if what == "stats":
                     x = value(j, n.inputs[0])
                     if readers[n.inputs[0].id] > 1:   # its gradient is finished in place: the BatchNorm's own copy
                         (x,) = emit(ReshapeOp(x.shape), path, [x])
                     bn_input[j][n.id] = x
                     stats.setdefault(n.id, []).append(emit(BatchNormStatsOp(), path, [x])[0])
-                elif _is_batch_norm(n) and stage[n.id] + 1 == s:
+                elif what == "apply":
                     x, (gamma, beta) = bn_input[j][n.id], (value(j, v) for v in n.inputs[1:3])
                     (y,) = emit(BatchNormApplyOp(), path, [x, gamma, beta, *stats_of[n.id]])
                     vmap[j][n.outputs[0].id] = y
-                elif not _is_batch_norm(n) and stage[n.id] == s and n.id not in free:
+                else:
                     for v, w in zip(n.outputs, emit(n.op, path, [value(j, v) for v in n.inputs])):
                         vmap[j][v.id] = w
-        for n in graph.nodes:
-            if _is_batch_norm(n) and stage[n.id] == s:
-                op = BatchNormCombineOp(k, n.op.momentum, n.op.eps)
-                stats_of[n.id] = emit(op, n.path, stats[n.id] + [value(0, v) for v in n.inputs[1:]])
+        for n in batch_norms.get(s, ()):
+            op = BatchNormCombineOp(k, n.op.momentum, n.op.eps)
+            stats_of[n.id] = emit(op, n.path, stats[n.id] + [value(0, v) for v in n.inputs[1:]])
     loss = graph.outputs[0]
     g.outputs = emit(MeanOfLossesOp(), loss.producer.path, [vmap[j][loss.id] for j in range(k)])
     return g
