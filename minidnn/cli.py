@@ -434,10 +434,10 @@ def parser():
     t.add_argument("--bn", choices=["exact", "sub-batch"], default="exact",
                    help="when the budget splits a batch into sub-batches, BatchNorm uses the full batch's "
                         "statistics, as unsplit (exact), or each sub-batch's, as moDNN does (sub-batch)")
-    t.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
-                   help="split a batch into sub-batches whose gradients add up: only when it cannot fit "
-                        "(needed), also when that is predicted faster than evicting and keeps the step's "
-                        "meaning (fastest), or never (off)")
+    t.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="fastest",
+                   help="split a batch into sub-batches whose gradients add up: when it cannot fit and "
+                        "when that is predicted faster than evicting and keeps the step's meaning (fastest, "
+                        "the default), only when it cannot fit (needed), or never (off)")
     t.add_argument("--device", default="cpu", help="cpu | cuda")
     t.add_argument("--precision", choices=list(PRECISIONS), default=None,
                    help="fp32 (default), tf32, or mixed precision as torch.autocast: bf16, or fp16 with dynamic "
@@ -503,7 +503,7 @@ def parser():
                          "batch) without running a kernel")
     pl.add_argument("--policy", choices=list(POLICIES), default="auto",
                     help="auto (the planner's search), none, swap, recompute, or a paper's policy")
-    pl.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="needed",
+    pl.add_argument("--sub-batching", choices=list(SUB_BATCHING), default="fastest",
                     help="plan the split `minidnn train` would make (as its --sub-batching)")
     pl.add_argument("--bn", choices=["exact", "sub-batch"], default="exact", help="as `minidnn train --bn`")
     pl.add_argument("--json", action="store_true", help="machine-readable output")

@@ -123,7 +123,7 @@ def models_table(rows, batch_size, image_size):
 
 
 def make_plan(name, batch_size, image_size=None, budget=None, policy="auto", profile="titanx-12gb",
-              sub_batching=True, bn="exact", precision="fp32"):
+              sub_batching="fastest", bn="exact", precision="fp32"):
     """The memory plan of one training step of model ``name`` and its input shape: whole, or split
     into sub-batches as ``minidnn.compile`` would split it (``sub_batching``, ``bn``: MemoryConfig's).
 

@@ -7,11 +7,12 @@ For each network and batch: ideal (no reuse), liveness peak, lower bound, and
 at each budget the plan peak and the predicted step time relative to
 unlimited memory (the simulator's replay of the plan on compute + copy
 streams). Published reference points: vDNN trains VGG-16 at batch 256 (28 GB
-ideal) in 12 GB at -18% speed; moDNN reports +3% at 12 GB. For networks
-without BatchNorm, where a split step means the same, a cell also gives the
-fastest split into sub-batches (``MemoryConfig(sub_batching="fastest")``)
-when the simulator predicts it faster than evicting: k x b: peak (overhead
-against the unsplit step with unlimited memory). The tight table (50% and 25%
+ideal) in 12 GB at -18% speed; moDNN reports +3% at 12 GB. A cell also gives
+the split the default (``MemoryConfig(sub_batching="fastest")``) takes where the
+simulator predicts it faster than evicting, or where only a split fits (k
+sub-batches of b; with BatchNorm, staged between BatchNorms with the full
+batch's statistics): k x b: peak (overhead against the unsplit step with
+unlimited memory). That split is what ``minidnn plan`` prints. The tight table (50% and 25%
 of each liveness peak) gives beside each plan the bound under every plan's
 step time there (``memory.bound.step_time_floor``: what must leave the device
 at the highest steps, by recomputation or by copies the stream has time for).
@@ -37,8 +38,8 @@ from minidnn.memory.bound import step_time_floor
 from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.planner import minimum_bytes
 from minidnn.memory.profiles import PRECISIONS, get_profile
-from minidnn.memory.subbatch import plan_sub_batches
-from minidnn.report import shapes_only, sub_batch_schedules, training_schedule
+from minidnn.memory.subbatch import split_step, trains_batch_norm
+from minidnn.report import shapes_only, step_splits, training_schedule
 
 # the tight end: 50% and 25% of each network's liveness peak on today's GPUs
 TIGHT = [("resnet50", 256), ("resnet152", 256), ("densenet121", 128), ("vgg16", 256)]
@@ -57,9 +58,7 @@ def row(name, batch, profiles, budgets, bound=False, precision="fp32"):
         net = models.get(name)
     shape = (batch, 3, 224, 224)
     _, sched = training_schedule(net, shape, precision)
-    # without BatchNorm a split step means the same (sub_batching="fastest" may take it)
-    split = (None if any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
-             else sub_batch_schedules(net, shape, precision))
+    splits, batch_norm = step_splits(net, shape, precision), trains_batch_norm(sched)
     cells = []
     base = None
     for prof in profiles:
@@ -74,23 +73,22 @@ def row(name, batch, profiles, budgets, bound=False, precision="fp32"):
                 plan = plan_memory(sched, config)
             except MemoryBudgetError as e:
                 cell = f"min {gib(e.minimum_bytes)}"
-                if split is not None:         # below the full batch's minimum: only a split fits
-                    try:
-                        sub = plan_sub_batches(batch, split, config)
-                        unlimited = plan_memory(sched, MemoryConfig(profile=prof)).simulation.seconds
-                        cell += (f"; {sub.k}x{sub.sub_batch}: {gib(sub.peak_bytes)} "
-                                 f"({(sub.predicted_seconds / unlimited - 1) * 100:+.1f}%)")
-                    except MemoryBudgetError:
-                        pass
+                try:                          # below the full batch's minimum: only a split fits
+                    sub = split_step(batch, batch_norm, splits, config)
+                    unlimited = plan_memory(sched, MemoryConfig(profile=prof)).simulation.seconds
+                    cell += (f"; {sub.k}x{sub.sub_batch}: {gib(sub.peak_bytes)} "
+                             f"({(sub.predicted_seconds / unlimited - 1) * 100:+.1f}%)")
+                except MemoryBudgetError:
+                    pass
                 cells.append(cell)
                 continue
             base = plan
             over = plan.predicted_overhead or 0.0
             least = f", bound {step_time_floor(sched, b, CachedCost(ProfileCost(prof))).overhead * 100:+.1f}%" if bound else ""
             cell = f"{gib(plan.peak_bytes)} ({over * 100:+.1f}%{least})"
-            if split is not None and over > 0:
-                sub = plan_sub_batches(batch, split, config)
-                if sub.predicted_seconds < plan.predicted_seconds:
+            if over > 0:                      # the split the default takes where it is faster
+                sub = split_step(batch, batch_norm, splits, config, bar=plan.predicted_seconds)
+                if sub is not None:
                     cell += (f"; {sub.k}x{sub.sub_batch}: {gib(sub.peak_bytes)} "
                              f"({(sub.predicted_seconds / plan.baseline.seconds - 1) * 100:+.1f}%)")
             cells.append(cell)

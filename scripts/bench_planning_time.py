@@ -24,6 +24,7 @@ import time
 
 import minidnn  # noqa: F401  (before NumPy: it sets OpenBLAS's thread timeout)
 from minidnn import models
+from minidnn.cli import SUB_BATCHING
 from minidnn.memory.config import MemoryConfig, parse_budget
 from minidnn.memory.profiles import get_system
 from minidnn.memory.subbatch import plan_step, runs
@@ -42,14 +43,14 @@ COMMANDS = [
     ("googlenet", 256, "25%", "a100-40gb", "fp32", "auto", None),
     ("resnet50", 256, "10%", "a100-40gb", "fp32", "auto", None),
     ("resnet_deep", 16, "12GiB", "titanx-12gb", "fp32", "auto", 4010),
-    ("resnet50", 256, "15%", "a100-40gb", "fp32", "auto", None, "fastest"),
+    ("resnet50", 256, "15%", "a100-40gb", "fp32", "auto", None),
 ]
 
 
-def plan(name, batch, budget, profile, precision, policy, depth, sub_batching="needed"):
+def plan(name, batch, budget, profile, precision, policy, depth, sub_batching="fastest"):
     """The plan `minidnn plan` makes for this command (without its floor)."""
     device = get_system(profile).at_precision(precision).device
-    split = {"needed": True, "fastest": "fastest"}[sub_batching]     # (cli.SUB_BATCHING)
+    split = SUB_BATCHING[sub_batching]
     if depth is None:
         return make_plan(name, batch, 224, parse_budget(budget), policy, device, split)[0]
     shape = (batch, 3, 224, 224)
@@ -87,7 +88,7 @@ def main():
     print("|---|---|---|")
     for cmd in COMMANDS:
         name, batch, budget, profile, precision, policy, depth = cmd[:7]
-        sub_batching = cmd[7] if len(cmd) > 7 else "needed"
+        sub_batching = cmd[7] if len(cmd) > 7 else "fastest"
         if (args.only and name != args.only) or (args.skip_deepest and depth):
             continue
         times = []
@@ -99,7 +100,7 @@ def main():
                 f"--budget {budget} --profile {profile}"
                 + (f" --precision {precision}" if precision != "fp32" else "")
                 + (f" --policy {policy}" if policy != "auto" else "")
-                + (f" --sub-batching {sub_batching}" if sub_batching != "needed" else ""))
+                + (f" --sub-batching {sub_batching}" if sub_batching != "fastest" else ""))
         split = f"{p.k} x {p.sub_batch}, " if p.k > 1 else ""
         same = ""
         plans[what] = fingerprint(p)

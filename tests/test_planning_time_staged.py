@@ -14,7 +14,7 @@ from minidnn.graph import trace
 from minidnn.memory import MemoryConfig
 from minidnn.memory.knobs import Knobs
 from minidnn.memory.planner import plan_memory
-from minidnn.memory.subbatch import compute_floor, plan_staged
+from minidnn.memory.subbatch import compute_floor, plan_staged, plan_step
 from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
 from minidnn.report import shapes_only, step_splits, training_schedule
 
@@ -76,6 +76,51 @@ def test_the_k_a_lighter_search_chooses_is_planned_in_full(name, shape, budget, 
         if k != got.k:
             other = plan_memory(splits.staged(batch // k, k), config, knobs=lighter)
             assert other.predicted_seconds >= light.predicted_seconds
+
+
+@pytest.mark.parametrize("name,shape,budget,profile", CASES)
+def test_a_split_measured_against_a_bar_beats_it_or_is_none(name, shape, budget, profile):
+    """plan_staged(..., bar=s) (s: the seconds of the whole step's plan) returns a split predicted
+    faster than s, or None: the split it returns without a bar where that one is faster, None where
+    the bar is that split's own time, or below the compute floor of every k (planned or not)."""
+    splits, config, args = _split_case(name, shape, budget, profile)
+    batch = shape[0]
+    free = plan_staged(*args)
+    assert _fingerprint(plan_staged(*args, bar=float("inf"))) == _fingerprint(free)
+    assert plan_staged(*args, bar=free.predicted_seconds) is None
+    below = compute_floor(splits.staged(batch // 2, 2), config) * (1 - 1e-9)
+    assert plan_staged(*args, bar=below) is None
+
+
+def test_the_default_plan_is_the_faster_of_the_whole_step_and_its_split():
+    """The default (sub_batching="fastest", BatchNorm exact) plans the step whole and, where it fits,
+    measures the staged split against it: the plan is never predicted slower than the whole step's,
+    and it is the split exactly where plan_staged finds one faster. Over these budgets ResNet-20
+    (batch 64) gets both a whole step and a split of a step that fits whole (at 15%: 23.5 ms whole,
+    19.7 ms as 2 x 32)."""
+    shape, profile = (64, 3, 32, 32), "a100-40gb"
+    with shapes_only():
+        net = models.get("resnet20")
+    _, schedule = training_schedule(net, shape)
+    splits = step_splits(net, shape)
+    kinds = set()
+    for budget in (0.3, 0.2, 0.15, 0.12):
+        config = MemoryConfig(budget=budget, profile=profile)
+        got = plan_step(schedule, config, splits=splits)
+        try:
+            whole = plan_memory(schedule, config)
+        except MemoryBudgetError:       # only a split fits: the split sub_batching=True makes too
+            assert _fingerprint(got) == _fingerprint(plan_step(schedule, replace(config, sub_batching=True),
+                                                               splits=splits))
+            continue
+        assert got.predicted_seconds <= whole.predicted_seconds
+        split = plan_staged(shape[0], lambda k: splits.staged(shape[0] // k, k), lambda b: splits.sub(b)[0],
+                            replace(config, budget=whole.budget), bar=whole.predicted_seconds)
+        assert (got.k > 1) == (split is not None)
+        if split is not None:
+            assert got.predicted_seconds == split.predicted_seconds < whole.predicted_seconds
+        kinds.add(got.k > 1)
+    assert kinds == {False, True}
 
 
 def _schedule(net, shape):

@@ -78,7 +78,7 @@ def unlimited():
 def test_every_policy_trains_bitwise_like_unlimited_memory(unlimited, name, policy):
     budget = budget_for(name, policy, "default")
     trainer, losses, state = run(name, MemoryConfig(budget=budget, policy=policy, algorithms="default",
-                                                    poison=True, check=True))
+                                                    sub_batching=False, poison=True, check=True))
     _, ref_losses, ref_state = unlimited[name]
     plan = trainer.plan
     assert not isinstance(plan, SubBatchPlan)

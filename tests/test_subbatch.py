@@ -109,16 +109,18 @@ def test_sub_batching_can_be_turned_off():
                     memory=MemoryConfig(budget=budget, sub_batching=False))
 
 
-def test_fastest_splits_a_step_that_fits_only_where_the_split_is_predicted_faster():
+def test_the_default_splits_a_step_that_fits_only_where_the_split_is_predicted_faster():
     """Just above its full batch's lower bound (and at most 40% of its liveness peak) a conv net fits
-    by evicting a lot; sub_batching="fastest" splits it because the simulator predicts the split
-    faster, and it still trains like the unsplit run. The default never splits a step that fits;
-    a BatchNorm network whose split would change its statistics (bn="sub-batch") is not split."""
+    by evicting a lot; the default (sub_batching="fastest") splits it because the simulator predicts
+    the split faster, and it still trains like the unsplit run. sub_batching=True never splits a
+    step that fits; a BatchNorm network whose split would change its statistics (bn="sub-batch") is
+    not split."""
+    assert MemoryConfig().sub_batching == "fastest"
     unlimited, ref_losses, ref = run("convnet", None)
     budget = max(unlimited.plan.liveness_peak_bytes * 2 // 5, unlimited.plan.lower_bound_bytes * 11 // 10)
-    evicting, _, _ = run("convnet", budget, steps=0)
+    evicting, _, _ = run("convnet", budget, steps=0, sub_batching=True)
     assert not isinstance(evicting.plan, SubBatchPlan) and evicting.plan.predicted_overhead > 0
-    trainer, losses, got = run("convnet", budget, sub_batching="fastest")
+    trainer, losses, got = run("convnet", budget, sub_batching=MemoryConfig().sub_batching)
     plan = trainer.plan
     assert isinstance(plan, SubBatchPlan) and plan.predicted_seconds < evicting.plan.predicted_seconds
     assert trainer.measured_peak_bytes == plan.peak_bytes <= budget

@@ -94,11 +94,12 @@ class MemoryConfig:
     ``sub_batching=False`` that holds under every feasible budget. Under
     ``"auto"``, a smaller-workspace algorithm may change the last bits
     (``plan.algorithm_changes`` lists each).
-    With ``sub_batching``, a training step that cannot fit at its full batch is
-    split into sub-batches whose gradients accumulate (see ``memory.subbatch``);
-    the result then changes by float rounding. ``"fastest"`` splits one that
-    fits too, where evicting would cost more time than the split and splitting
-    keeps the step's meaning. ``bn`` says whose statistics a training-mode
+    With ``sub_batching``, a training step is split into sub-batches whose
+    gradients accumulate (see ``memory.subbatch``), and the result then changes
+    by float rounding: ``"fastest"`` (the default) where it cannot fit whole, and
+    where it fits but evicting is predicted slower than the split and splitting
+    keeps the step's meaning, so that a tighter budget is never planned faster
+    than a looser one for want of the split; ``True`` only where it cannot fit. ``bn`` says whose statistics a training-mode
     BatchNorm uses in a split step: ``"exact"`` (the default: the full
     mini-batch's, as the unsplit step; the sub-batches run stage by stage
     between BatchNorms, so parameters and running statistics follow the
@@ -112,7 +113,7 @@ class MemoryConfig:
     policy: object = "auto"
     profile: object = CPU_PROFILE
     algorithms: str = "auto"
-    sub_batching: object = True     # True, False or "fastest"
+    sub_batching: object = "fastest"     # "fastest", True (only where needed) or False
     bn: str = "exact"
     poison: bool = False
     check: bool = False
