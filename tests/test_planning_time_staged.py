@@ -119,6 +119,11 @@ def test_the_default_plan_is_the_faster_of_the_whole_step_and_its_split():
         assert (got.k > 1) == (split is not None)
         if split is not None:
             assert got.predicted_seconds == split.predicted_seconds < whole.predicted_seconds
+            # Knobs.split_trial_steps bounds k by the step's size: below 2 sub-batches' worth, whole
+            steps = len(schedule.steps)
+            assert plan_step(schedule, config, splits=splits, knobs=Knobs(split_trial_steps=2 * steps - 1)).k == 1
+            assert plan_step(schedule, config, splits=splits,
+                             knobs=Knobs(split_trial_steps=got.k * steps)).predicted_seconds == got.predicted_seconds
         kinds.add(got.k > 1)
     assert kinds == {False, True}
 

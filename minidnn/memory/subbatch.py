@@ -69,7 +69,7 @@ def trains_batch_norm(schedule) -> bool:
     return any(isinstance(n.op, BatchNorm2dOp) and n.op.training for n in schedule.graph.nodes)
 
 
-def plan_step(schedule, config, cost=None, splits=None, whole_cost=None):
+def plan_step(schedule, config, cost=None, splits=None, whole_cost=None, knobs: Knobs = Knobs()):
     """The plan of the training step ``schedule`` under ``config``: whole, or split (see the module).
 
     A step is split when it does not fit whole and ``config.sub_batching`` and
@@ -97,9 +97,10 @@ def plan_step(schedule, config, cost=None, splits=None, whole_cost=None):
     if (config.sub_batching != "fastest" or not splittable or not whole.predicted_overhead
             or whole_cost is not None or (batch_norm and config.bn != "exact")):
         return whole
+    largest = None if knobs.split_trial_steps is None else knobs.split_trial_steps // len(schedule.steps)
     try:
         split = split_step(batch, batch_norm, splits, replace(config, budget=whole.budget), cost,
-                           bar=whole.predicted_seconds)
+                           bar=whole.predicted_seconds, largest=largest)
     except (MemoryBudgetError, ShapeError):      # no split fits, or the graph cannot be split exactly
         return whole
     if split is None or split.predicted_seconds >= whole.predicted_seconds:
@@ -107,13 +108,14 @@ def plan_step(schedule, config, cost=None, splits=None, whole_cost=None):
     return replace(split, unsplit_seconds=whole.baseline.seconds)
 
 
-def split_step(batch, batch_norm, splits, config, cost=None, bar=None):
+def split_step(batch, batch_norm, splits, config, cost=None, bar=None, largest=None):
     """The fastest feasible split of a ``batch``-sample step under ``config.budget`` (bytes): staged where
     a training-mode BatchNorm must keep the full batch's statistics, else sub-batch by sub-batch.
-    ``bar``: the seconds of a plan the split must beat (the whole step's), where there is one."""
+    ``bar``: the seconds of a plan the split must beat (the whole step's), where there is one;
+    ``largest``: the most sub-batches a staged split is planned with (None: any)."""
     if batch_norm and config.bn == "exact":
         return plan_staged(batch, lambda k: splits.staged(batch // k, k), lambda b: splits.sub(b)[0], config, cost,
-                           bar=bar)
+                           bar=bar, largest=largest)
     return plan_sub_batches(batch, splits.sub, config, cost,
                             bn="per sub-batch (moDNN's; bn='sub-batch')" if batch_norm else None)
 
@@ -332,7 +334,7 @@ def plans(schedule, config, cost=None) -> bool:
 
 
 def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors=True,
-                knobs: Knobs = Knobs(), bar=None) -> StagedPlan | None:
+                knobs: Knobs = Knobs(), bar=None, largest=None) -> StagedPlan | None:
     """The fastest feasible split of a ``batch``-sample mini-batch with exact BatchNorm statistics.
 
     ``schedule_for(k)`` returns the stage-major schedule of the whole iteration
@@ -353,7 +355,8 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors
 
     ``bar``: the seconds of another plan of the step (the whole step's, which fits). A k whose
     compute floor is no faster than it is not planned, the k chosen is planned again only where
-    its lighter plan beats it, and None is returned where no split is predicted faster. (The bar
+    its lighter plan beats it, and None is returned where no split is predicted faster; ``largest``
+    bounds k (Knobs.split_trial_steps). (The bar
     does not end the search as a better split would: at 22% of ResNet-50's liveness peak on
     a100-40gb, 2 sub-batches are slower than the whole step and 4 faster.)
     """
@@ -362,6 +365,8 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors
         replace(knobs, baseline_seed_steps=min(knobs.baseline_seed_steps, knobs.split_choice_seed_steps))
     best, smallest_split, refused = None, None, None
     for k in _divisors(batch):
+        if largest is not None and k > largest:
+            break
         try:            # a layer may refuse sub-batches of few samples (BatchNorm1d on (N, C) needs 2)
             sub = sub_schedule_for(batch // k)
         except ShapeError as e:
