@@ -66,8 +66,8 @@ class Knobs:
     # k times its steps are at most this many: the staged iteration is about k times the step, and
     # planning one takes 1-2 ms of CPU per step. ResNet-4010 b16 in 12 GiB on titanx (40130 steps,
     # whole 12141.7 ms in 94 s) planned k=2 and 4 in 122 and 367 s (19545 and 15382 ms); the
-    # splits that win in bench_memory.py and the README's sweep are within 17k (ResNet-50 b256
-    # 530 x 32), and ResNet-1001's (10040 steps) are still tried. None: every k.
+    # README's sweep plans fitting steps up to k=16 (ResNet-50 b256: 16 x 530 steps), and
+    # ResNet-1001's k=2 (2 x 10040) is still tried. None: every k.
     split_trial_steps: int | None = 50_000
     # The greedy is also a seed at these shares of the limit (on schedules of at most
     # ``baseline_seed_steps`` steps): its model frees an offload's bytes over its whole gap, while
