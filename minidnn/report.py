@@ -189,6 +189,8 @@ def plan_dict(plan, name, shape, profile, policy="auto"):
             "step_seconds": float(plan.predicted_seconds),
             "unlimited_memory_seconds": float(unlimited) if unlimited is not None else None,
             "overhead": float(over) if over is not None else 0.0,
+            # a split taken where the whole step fits too: the whole step's plan it was faster than
+            "whole_step_seconds": float(plan.whole_seconds) if plan.k > 1 and plan.whole_seconds is not None else None,
             **{k: float(v) if k.endswith("seconds") else int(v) for k, v in figures.items()},
             # no whole-step plan within the budget is predicted faster (None: not computed, see step_floor)
             "floor_seconds": float(floor.seconds) if floor is not None else None},

@@ -110,6 +110,7 @@ def test_the_default_plan_is_the_faster_of_the_whole_step_and_its_split():
         try:
             whole = plan_memory(schedule, config)
         except MemoryBudgetError:       # only a split fits: the split sub_batching=True makes too
+            assert got.whole_seconds is None and "whole step, which fits" not in got.summary()
             assert _fingerprint(got) == _fingerprint(plan_step(schedule, replace(config, sub_batching=True),
                                                                splits=splits))
             continue
@@ -119,6 +120,8 @@ def test_the_default_plan_is_the_faster_of_the_whole_step_and_its_split():
         assert (got.k > 1) == (split is not None)
         if split is not None:
             assert got.predicted_seconds == split.predicted_seconds < whole.predicted_seconds
+            assert got.whole_seconds == whole.predicted_seconds          # the summary says what it beat
+            assert f"whole step, which fits at {whole.predicted_seconds * 1e3:.2f} ms" in got.summary()
             # Knobs.split_trial_steps bounds k by the step's size: below 2 sub-batches' worth, whole
             steps = len(schedule.steps)
             assert plan_step(schedule, config, splits=splits, knobs=Knobs(split_trial_steps=2 * steps - 1)).k == 1

@@ -105,7 +105,7 @@ def plan_step(schedule, config, cost=None, splits=None, whole_cost=None, knobs: 
         return whole
     if split is None or split.predicted_seconds >= whole.predicted_seconds:
         return whole
-    return replace(split, unsplit_seconds=whole.baseline.seconds)
+    return replace(split, unsplit_seconds=whole.baseline.seconds, whole_seconds=whole.predicted_seconds)
 
 
 def split_step(batch, batch_norm, splits, config, cost=None, bar=None, largest=None):
@@ -126,7 +126,8 @@ def _scaled(spec, k):
 
 class _Split:
     """What a split step reports against the step it splits: ``unsplit_seconds``, the whole step's
-    predicted time with unlimited memory (None where not known), is what its overhead is relative to."""
+    predicted time with unlimited memory (None where not known), is what its overhead is relative to;
+    ``whole_seconds``, where the whole step fits too, is its plan's (the summary says why the split)."""
 
     @property
     def predicted_overhead(self):
@@ -139,8 +140,13 @@ class _Split:
 
     def _against_unsplit(self) -> str:
         over = self.predicted_overhead
-        return (f" ({over * 100:+.1f}% vs {self.unsplit_seconds * 1e3:.2f} ms, the unsplit step with unlimited "
+        text = (f" ({over * 100:+.1f}% vs {self.unsplit_seconds * 1e3:.2f} ms, the unsplit step with unlimited "
                 f"memory)" if over is not None else " (the unsplit step's time with unlimited memory is not known)")
+        if self.whole_seconds is not None:      # split where the whole step fits: what it would have been
+            text += f", split because faster than the whole step, which fits at {self.whole_seconds * 1e3:.2f} ms"
+            if self.unsplit_seconds:
+                text += f" ({(self.whole_seconds / self.unsplit_seconds - 1) * 100:+.1f}%)"
+        return text
 
 
 @dataclass
@@ -154,6 +160,7 @@ class SubBatchPlan(_Split):
     budget: int
     bn: str = None       # whose statistics a training-mode BatchNorm uses (None: the network has none)
     unsplit_seconds: float = None
+    whole_seconds: float = None      # the whole step's plan where it fits too (the split is faster)
 
     @property
     def peak_bytes(self) -> int:
@@ -267,6 +274,7 @@ class StagedPlan(_Split):
     unsplit_seconds: float = None
     # (k, its floor) of each larger split not planned: its floor (compute_floor) is no faster than this plan
     not_planned: tuple = ()
+    whole_seconds: float = None      # the whole step's plan where it fits too (the split is faster)
     batch_norm_updates = 1           # the combine moves the running statistics once, with the full batch's
 
     @property
