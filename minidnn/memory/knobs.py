@@ -62,6 +62,13 @@ class Knobs:
     # ResNet-20 b32 @ 15% on v100 gets k=2 at 21.62 ms where every k in full finds k=4 at 21.24
     # (tests/test_planning_time_staged.py). None: every k in full.
     split_choice_seed_steps: int | None = 0
+    # The greedy with its chains' prefetches charged nothing ("greedy, chain copies hidden") is a
+    # seed on schedules over ``baseline_seed_steps`` steps too: the split choice's lighter search
+    # sets it. At 11% of ResNet-50 b256's liveness peak on a100-40gb that search, without it,
+    # rated 2 and 4 sub-batches 2667.7 and 2705.2 ms (stalls; the full search 2102.4 and 1710.0,
+    # that seed winning) and stopped at k=2 (2102.4 ms, slower than 10%'s 1717.4); with it, 16
+    # sub-batches at 1419.6 ms, and the README's sweep is monotone from 10% to 80%.
+    hidden_chain_seed: bool = False
     # A step that fits whole is split into k (subbatch.plan_step, sub_batching="fastest") only where
     # k times its steps are at most this many: the staged iteration is about k times the step, and
     # planning one takes 1-2 ms of CPU per step. ResNet-4010 b16 in 12 GiB on titanx (40130 steps,

@@ -74,7 +74,8 @@ def seeds(policy, problem):
     on schedules of at most ``knobs.baseline_seed_steps`` steps, recompute-only, the papers'
     policies (so that ``auto`` is at or below each of them by construction), the greedy asked for
     less than the limit (room left for its copies' timing), the greedy charging copies in full, and
-    the greedy with the copy stream's room by direction."""
+    the greedy with the copy stream's room by direction; the greedy with its chains' copies hidden
+    there, or on any schedule where ``knobs.hidden_chain_seed`` (the split choice's search)."""
     if not (isinstance(policy, AutoPolicy) and policy.hybrid):
         return [(policy.name, "the policy asked for", problem.chooser(policy), False, True)]
     sched, knobs = problem.schedule, problem.knobs
@@ -97,6 +98,12 @@ def seeds(policy, problem):
             return (segments or None), problem.fastest
         out.append(("checkpoint_sqrt", "Chen et al.'s sqrt(n) segments, then copies where the stream has room",
                     sqrt_chooser, True, False))   # (not pruned: the horizon search removes their rework)
+    def hidden_seed():
+        hidden = dataclasses.replace(k, chain_copy_share=0.0)
+        return ("greedy, chain copies hidden", "a chain's prefetches charged nothing (the copy timing may issue "
+                "them early)", problem.chooser(AutoPolicy(name=policy.name, knobs=hidden)), True, False)
+    if len(sched.steps) > knobs.baseline_seed_steps and knobs.hidden_chain_seed:
+        out[1:1] = [hidden_seed()]
     if len(sched.steps) <= knobs.baseline_seed_steps:
         # the greedy asked for less than the limit: the room left is where the copy timing holds its
         # offloads until their copies are done and prefetches them early (not pruned: before their
@@ -105,14 +112,12 @@ def seeds(policy, problem):
         out[1:1] = [(f"greedy, {1 - f:.0%} left for its copies", "the copy timing's holds and early prefetches "
                      "need memory the greedy does not plan for", _scaled(greedy_choose, f), True, False)
                     for f in knobs.copy_room]
-        hidden = dataclasses.replace(k, chain_copy_share=0.0)
         if knobs.full_copy_bias is not None:
             dear = dataclasses.replace(k, copy_bias=knobs.full_copy_bias)
             out[1:1] = [("greedy, copies charged in full", "a copy's whole time charged where its gap hides it: "
                          "copies that cluster in a few layers queue on the one stream",
                          problem.chooser(AutoPolicy(name=policy.name, knobs=dear)), True, False)]
-        out[1:1] = [("greedy, chain copies hidden", "a chain's prefetches charged nothing (the copy timing "
-                     "may issue them early)", problem.chooser(AutoPolicy(name=policy.name, knobs=hidden)), True, False),
+        out[1:1] = [hidden_seed(),
                     ("recompute-only", "every eviction a recomputation",
                      problem.chooser(AutoPolicy(offload=False, knobs=k)), False, True)]
         # not pruned: their copies are timed by the repairs, which is where they can win

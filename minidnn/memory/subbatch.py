@@ -370,7 +370,8 @@ def plan_staged(batch, schedule_for, sub_schedule_for, config, cost=None, floors
     """
     budget = config.budget
     choice = knobs if knobs.split_choice_seed_steps is None else \
-        replace(knobs, baseline_seed_steps=min(knobs.baseline_seed_steps, knobs.split_choice_seed_steps))
+        replace(knobs, baseline_seed_steps=min(knobs.baseline_seed_steps, knobs.split_choice_seed_steps),
+                hidden_chain_seed=True)
     best, smallest_split, refused = None, None, None
     for k in _divisors(batch):
         if largest is not None and k > largest:
