@@ -149,12 +149,12 @@ PYBIND11_MODULE(_C, m) {
           "add_inplace(dst, src) -> None\n\n"
           "dst += src elementwise (any shapes with the same number of elements).");
 
-    m.def("place_buffers", &minidnn::place_buffers, "starts"_a, "ends"_a, "sizes"_a, "base"_a = 0,
-          "place_buffers(starts, ends, sizes, base=0) -> offsets\n\n"
+    m.def("place_buffers", &minidnn::place_buffers, "starts"_a, "ends"_a, "sizes"_a, "order"_a, "base"_a = 0,
+          "place_buffers(starts, ends, sizes, order, base=0) -> offsets\n\n"
           "Arena offsets (>= base) for buffers alive over steps [starts[i], ends[i]] of\n"
-          "sizes[i] bytes (1-D int64 arrays): largest first, each in the lowest gap\n"
-          "between overlapping placed buffers that holds it. No two buffers alive at a\n"
-          "common step share a byte.");
+          "sizes[i] bytes (1-D int64 arrays), placed in the order ``order`` (a permutation\n"
+          "of their indices), each in the lowest gap between overlapping placed buffers\n"
+          "that holds it. No two buffers alive at a common step share a byte.");
 
 #define CONV_ARGS "sh"_a, "sw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a, "groups"_a = 1
     m.def("conv2d_direct_forward", &minidnn::conv2d_direct_forward, "x"_a, "w"_a, "b"_a, "y"_a,

@@ -1,9 +1,8 @@
 // Static offset assignment for the memory planner: greedy by size, lowest gap that holds it.
 //
-// The same rule as the planner's reference (minidnn/memory/placement.py):
-// buffers are placed largest first (ties: earlier start, then lower index);
-// each goes into the lowest gap, among the already placed buffers whose
-// lifetimes overlap its own, that holds it, else above the highest of them.
+// Buffers are placed in the order the caller gives (minidnn/memory/placement.py
+// chooses it); each goes into the lowest gap, among the already placed buffers
+// whose lifetimes overlap its own, that holds it, else above the highest of them.
 //
 // Placed buffers are kept in ascending offset order (a buffer placed at the
 // offset of others goes after them), so each query is one pass over them with
@@ -91,28 +90,26 @@ class Placement {
 }  // namespace
 
 py::array_t<int64_t> place_buffers(py::object starts_o, py::object ends_o, py::object sizes_o,
-                                   int64_t base) {
+                                   py::object order_o, int64_t base) {
     auto starts_a = py::cast<py::array_t<int64_t, py::array::c_style>>(starts_o);
     if (starts_a.ndim() != 1) throw py::value_error("starts: expected a 1-D int64 array");
     const py::ssize_t n = starts_a.shape(0);
     const int64_t* start = starts_a.data();
     const int64_t* end = int64_data(ends_o, "ends", n);
     const int64_t* size = int64_data(sizes_o, "sizes", n);
+    const int64_t* order = int64_data(order_o, "order", n);
     py::array_t<int64_t> result(n);
     int64_t* off = result.mutable_data();
     {
         py::gil_scoped_release nogil;
-        for (py::ssize_t i = 0; i < n; ++i)
+        std::vector<char> seen(n, 0);
+        for (py::ssize_t i = 0; i < n; ++i) {
             if (start[i] < 0 || end[i] < start[i]) throw std::invalid_argument("bad lifetime");
-        std::vector<int64_t> order(n);
-        std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-            if (size[x] != size[y]) return size[x] > size[y];
-            if (start[x] != start[y]) return start[x] < start[y];
-            return x < y;
-        });
+            if (order[i] < 0 || order[i] >= n || seen[order[i]]++) throw std::invalid_argument("order: not a permutation");
+        }
         Placement placed;
-        for (int64_t id : order) {
+        for (py::ssize_t i = 0; i < n; ++i) {
+            const int64_t id = order[i];
             off[id] = placed.fit(start[id], end[id], size[id], base);
             placed.insert(Placed{off[id], off[id] + size[id], start[id], end[id]});
         }

@@ -330,10 +330,11 @@ def test_bn_on_network_input():
 
 # -- the placement on its own, over random lifetimes ----------------------------------------------
 
-def reference_place(starts, ends, sizes):
-    """The placement rule written plainly: largest first (ties: earlier start, lower index),
-    into the lowest gap between overlapping placed buffers that holds it, else on top."""
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], starts[i], i))
+def reference_place(starts, ends, sizes, longest=False):
+    """The placement rule written plainly: largest first (ties: earlier start, or with ``longest``
+    the longer lifetime; then lower index), into the lowest gap between overlapping placed buffers
+    that holds it, else on top."""
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], starts[i] - ends[i] if longest else starts[i], i))
     off = {}
     for i in order:
         live = sorted((off[j], off[j] + sizes[j]) for j in off if starts[j] <= ends[i] and starts[i] <= ends[j])
@@ -352,15 +353,33 @@ def test_place_matches_the_rule_and_never_overlaps(items):
     starts = [a for a, _, _ in items]
     ends = [a + d for a, d, _ in items]
     sizes = [64 * s for _, _, s in items]
-    offsets = placement.place(starts, ends, sizes).tolist()
-    assert offsets == reference_place(starts, ends, sizes)
-    n = len(items)
-    for t in range(n):
-        for u in range(t + 1, n):
-            if starts[t] <= ends[u] and starts[u] <= ends[t]:
-                assert offsets[t] + sizes[t] <= offsets[u] or offsets[u] + sizes[u] <= offsets[t]
     live = [sum(s for a, b, s in zip(starts, ends, sizes) if a <= k <= b) for k in range(max(ends) + 1)]
-    assert placement.peak(offsets, sizes) >= max(live)
+    placed = {ties: placement.place(starts, ends, sizes, ties=ties).tolist()
+              for ties in (placement.EARLIEST, placement.LONGEST)}
+    assert placed[placement.EARLIEST] == reference_place(starts, ends, sizes)
+    assert placed[placement.LONGEST] == reference_place(starts, ends, sizes, longest=True)
+    least = placement.place_least(starts, ends, sizes).tolist()
+    assert placement.peak(least, sizes) == min(placement.peak(o, sizes) for o in placed.values())
+    n = len(items)
+    for offsets in [least, *placed.values()]:
+        for t in range(n):
+            for u in range(t + 1, n):
+                if starts[t] <= ends[u] and starts[u] <= ends[t]:
+                    assert offsets[t] + sizes[t] <= offsets[u] or offsets[u] + sizes[u] <= offsets[t]
+        assert placement.peak(offsets, sizes) >= max(live)
+
+
+def test_longest_first_packs_where_earliest_first_fragments():
+    """Three buffers of one size around a smaller one: by earliest start, the first two short ones
+    take the two lowest slots at steps 1-4 and the small one, alive at steps 4-7 beside the second
+    and the long third, goes above both (320 B); longest first puts the first short one beside the
+    long one at offset 0, so the small one fits at 128 (256 B, the liveness peak), and
+    place_least keeps that."""
+    starts, ends, sizes = [4, 2, 6, 1], [7, 4, 11, 3], [64, 128, 128, 128]
+    assert placement.peak(placement.place(starts, ends, sizes), sizes) == 320
+    assert placement.peak(placement.place(starts, ends, sizes, ties=placement.LONGEST), sizes) == 256
+    assert placement.peak(placement.place_least(starts, ends, sizes), sizes) == 256 \
+        == placement.live_peak(starts, ends, sizes)
 
 
 def test_place_base_and_bad_input():

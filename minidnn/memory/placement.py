@@ -2,7 +2,13 @@
 
 Buffers are placed largest first; each goes into the lowest gap, among the
 buffers already placed whose lifetimes overlap its own, that holds it (first
-fit). The result is a set of offsets in which no two buffers live at the same
+fit). Among buffers of one size, the earliest start goes first; where that
+fragments the arena, the longest lifetime first is tried too, and the smaller
+arena kept: a network's many buffers of one size (ResNet-50 at 6000x6000,
+layer after layer of 274.66 MiB) placed by start leave the long-lived ones to
+find room above the short ones laid down before them (the hybrid plan of
+ResNet-50 b1 in 8 GiB on v100-16gb: 6.44 GiB live, 8.58 GiB placed earliest
+first, 6.97 GiB longest first). The result is a set of offsets in which no two buffers live at the same
 step overlap in memory; the arena size is the largest end offset. First fit
 rather than the smallest gap (best fit): the planner's prefetched and held
 buffers nest into the backward's, and best fit left slivers between them, up
@@ -24,12 +30,39 @@ from .simulator import memory_curve
 _tensor = attrgetter("tensor")
 
 
-def place(starts, ends, sizes, base: int = 0) -> np.ndarray:
+EARLIEST, LONGEST = "earliest first", "longest first"   # how buffers of one size are ordered
+
+
+def place(starts, ends, sizes, base: int = 0, ties: str = EARLIEST) -> np.ndarray:
     """Offsets (>= ``base``) of buffers alive over steps [starts[i], ends[i]] of ``sizes[i]``
-    bytes (already aligned)."""
+    bytes (already aligned): largest first, and among equal sizes ``ties`` (EARLIEST: the earlier
+    start; LONGEST: the longer lifetime), then the lower index."""
     from .. import _C
     as64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
-    return _C.place_buffers(as64(starts), as64(ends), as64(sizes), int(base))
+    starts, ends, sizes = as64(starts), as64(ends), as64(sizes)
+    if not (len(starts) == len(ends) == len(sizes)):
+        raise ValueError("starts, ends and sizes: expected 1-D arrays of one length")
+    within = starts if ties == EARLIEST else starts - ends
+    order = np.lexsort((np.arange(len(sizes)), within, -sizes))
+    return _C.place_buffers(starts, ends, sizes, as64(order), int(base))
+
+
+def place_least(starts, ends, sizes, base: int = 0) -> np.ndarray:
+    """place()'s offsets, earliest first, or longest first where that needs a smaller arena: tried
+    only where the first fragments by more than 1% of its arena (above ``base``)."""
+    offsets = place(starts, ends, sizes, base)
+    arena = peak(offsets, sizes) - base
+    if _fragments(arena, live_peak(starts, ends, sizes)):
+        other = place(starts, ends, sizes, base, LONGEST)
+        if peak(other, sizes) - base < arena:
+            return other
+    return offsets
+
+
+def _fragments(arena, live) -> bool:
+    """Whether an arena of ``arena`` bytes for a liveness peak of ``live`` fragments by more than 1%
+    of itself (once true of an arena, true of every larger one)."""
+    return arena - live > arena // 100
 
 
 def peak(offsets, sizes) -> int:
@@ -66,11 +99,11 @@ def place_program(program):
     moving = np.fromiter(map(mobile.__contains__, map(_tensor, res)), bool, len(res))
     live = int(memory_curve(program).max(initial=0))
 
-    def fragments(arena):           # once true of an arena, true of every larger one
-        return arena - live > arena // 100
+    def fragments(arena):
+        return _fragments(arena, live)
 
     def single_pool():
-        offsets = place(starts, ends, sizes)
+        offsets = place_least(starts, ends, sizes)
         return offsets, peak(offsets, sizes), "single pool"
 
     single = regions = None
@@ -82,9 +115,9 @@ def place_program(program):
             single = single_pool()
         if single is None or single[1] >= least:
             both = np.empty(len(res), np.int64)
-            both[fixed] = place(starts[fixed], ends[fixed], sizes[fixed])
+            both[fixed] = place_least(starts[fixed], ends[fixed], sizes[fixed])
             base = peak(both[fixed], sizes[fixed])
-            both[moving] = place(starts[moving], ends[moving], sizes[moving], base=base)
+            both[moving] = place_least(starts[moving], ends[moving], sizes[moving], base=base)
             regions = (both, peak(both, sizes), "resident and mobile regions")
     if single is None and (regions is None or fragments(regions[1])):
         single = single_pool()
