@@ -608,7 +608,7 @@ class MoDNN(_Baseline):
                 acc += secs[a + delay]
                 curve[a + delay] += size
             ev[(t, g)] = Evict("offload", delay=delay, lead=lead, early=early)
-        if place_program(lower(schedule, ev, facts, cur))[1] > limit:
+        if place_program(lower(schedule, ev, facts, cur), limit)[1] > limit:
             # early prefetches filled the budget and placement fragments it: copies issued just in time
             ev = {k: Evict("offload", early=e.early) for k, e in ev.items()}
         return ev, cur

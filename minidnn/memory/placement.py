@@ -2,9 +2,11 @@
 
 Buffers are placed largest first; each goes into the lowest gap, among the
 buffers already placed whose lifetimes overlap its own, that holds it (first
-fit). Among buffers of one size, the earliest start goes first; where that
-fragments the arena, the longest lifetime first is tried too, and the smaller
-arena kept: a network's many buffers of one size (ResNet-50 at 6000x6000,
+fit). Among buffers of one size, the earliest start goes first. Packed
+(``place_program(..., pack=True)``, which the planner asks for only where a
+seed finds nothing that fits otherwise), an arena over the budget that
+fragments is placed again with the longest lifetime first too, and the
+smaller arena kept: a network's many buffers of one size (ResNet-50 at 6000x6000,
 layer after layer of 274.66 MiB) placed by start leave the long-lived ones to
 find room above the short ones laid down before them (the hybrid plan of
 ResNet-50 b1 in 8 GiB on v100-16gb: 6.44 GiB live, 8.58 GiB placed earliest
@@ -81,7 +83,7 @@ def live_peak(starts, ends, sizes) -> int:
     return int(np.cumsum(diff).max())
 
 
-def place_program(program):
+def place_program(program, within=None, pack=False):
     """Offsets for every residency: resident and mobile (offloaded, prefetched, recomputed) tensors
     in separate regions, so the short-lived mobile buffers do not fragment the long-lived ones;
     where that still fragments by more than 1% of the arena, one pool is tried too and the smaller
@@ -91,8 +93,23 @@ def place_program(program):
     already fragments by more than 1%, the pool is placed first, and where the pool's arena is
     below the sum, the regions cannot win and are not placed.
 
+    Every buffer is placed earliest first among its size; with ``pack``, where that arena fragments
+    and is over ``within`` (the arena the plan must fit; None: any), the same is done with
+    place_least (the longest lifetime first too) and the smaller arena kept.
+
     Returns (offsets by residency index, arena bytes, placement name).
     """
+    first = _place_program(program, place)
+    if pack and (within is None or first[1] > within):
+        live = int(memory_curve(program).max(initial=0))
+        if _fragments(first[1], live):
+            first = min(first, _place_program(program, place_least), key=lambda c: c[1])
+    offsets, arena, how = first
+    return offsets.tolist(), arena, how
+
+
+def _place_program(program, placer):
+    """(offsets, arena, placement name) of place_program's regions or pool, each placed by ``placer``."""
     res = program.residencies
     starts, ends, sizes = program.buffers
     mobile = {r.tensor for r in res if r.origin != "compute" or r.wait_offload is not None}
@@ -103,7 +120,7 @@ def place_program(program):
         return _fragments(arena, live)
 
     def single_pool():
-        offsets = place_least(starts, ends, sizes)
+        offsets = placer(starts, ends, sizes)
         return offsets, peak(offsets, sizes), "single pool"
 
     single = regions = None
@@ -115,11 +132,10 @@ def place_program(program):
             single = single_pool()
         if single is None or single[1] >= least:
             both = np.empty(len(res), np.int64)
-            both[fixed] = place_least(starts[fixed], ends[fixed], sizes[fixed])
+            both[fixed] = placer(starts[fixed], ends[fixed], sizes[fixed])
             base = peak(both[fixed], sizes[fixed])
-            both[moving] = place_least(starts[moving], ends[moving], sizes[moving], base=base)
+            both[moving] = placer(starts[moving], ends[moving], sizes[moving], base=base)
             regions = (both, peak(both, sizes), "resident and mobile regions")
     if single is None and (regions is None or fragments(regions[1])):
         single = single_pool()
-    offsets, arena, how = min((c for c in (regions, single) if c is not None), key=lambda c: c[1])
-    return offsets.tolist(), arena, how
+    return min((c for c in (regions, single) if c is not None), key=lambda c: c[1])

@@ -72,17 +72,18 @@ def lower_bound(schedule, algos=None) -> int:
 
 def make_plan(schedule, evictions, cost, policy, *, budget=None, baseline=None, facts=None, algos=None,
               program=None, simulation=None, keep_within=0, arena_limit=None, liveness=None, least=None,
-              baseline_algos=None, base=None, checkpoints=0) -> Plan:
+              baseline_algos=None, base=None, checkpoints=0, pack=False) -> Plan:
     """Lower (unless ``program`` is that lowering already), place and simulate (unless ``simulation``
     is that replay already, or the arena exceeds ``arena_limit``) ``evictions`` with ``algos``; the
     Plan (not yet checked against a budget). ``facts``: the schedule's facts.Facts (None: derived
     here). ``liveness``, ``least``: the schedule's liveness peak and lower bound (the liveness peak
     is this plan's own where nothing is evicted). ``base``, ``checkpoints``: as program.lower's (the
-    same Program, sooner)."""
+    same Program, sooner). ``pack``: the arena packed tighter where it is over what ``budget`` leaves
+    (placement.place_program's)."""
     program = program if program is not None else lower(schedule, evictions, facts, algos, keep_within, base,
                                                          checkpoints)
-    offsets, arena, how = place_program(program)
     persistent = schedule.persistent_bytes
+    offsets, arena, how = place_program(program, None if budget is None else budget - persistent, pack)
     if liveness is None and not evictions:
         liveness = persistent + int(memory_curve(program).max(initial=0))
     replay = cost is not None and (arena_limit is None or arena <= arena_limit)
@@ -143,15 +144,17 @@ def plan_memory(schedule, config: MemoryConfig = None, cost=None, knobs: Knobs =
             return base
     policy = config.policy_object()
 
-    def make(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None, base=None):
-        return make_plan(schedule, ev, cost, policy.name, budget=budget, baseline=baseline, facts=facts,
-                         algos=algos, program=program, simulation=simulation, keep_within=keep_within,
-                         arena_limit=arena_limit, liveness=liveness, least=least_bytes, baseline_algos=quick,
-                         base=base, checkpoints=knobs.lowering_checkpoints)
-    build = Builds(make, knobs.kept_builds)
+    def maker(pack):
+        def make(ev, algos, program=None, simulation=None, keep_within=0, arena_limit=None, base=None):
+            return make_plan(schedule, ev, cost, policy.name, budget=budget, baseline=baseline, facts=facts,
+                             algos=algos, program=program, simulation=simulation, keep_within=keep_within,
+                             arena_limit=arena_limit, liveness=liveness, least=least_bytes, baseline_algos=quick,
+                             base=base, checkpoints=knobs.lowering_checkpoints, pack=pack)
+        return make
+    build = Builds(maker(False), knobs.kept_builds)
 
     problem = Problem(facts, cost, budget - schedule.persistent_bytes, options, quick, build, baseline.seconds,
-                      knobs)
+                      knobs, packed=lambda: Builds(maker(True), knobs.kept_builds))
     search = Search(problem)
     best = search.run(policy)
     if best is not None:
