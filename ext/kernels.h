@@ -56,6 +56,8 @@ void sgd_update(py::object p, py::object g, py::object buf, double lr, double mo
 // placement.cpp ------------------------------------------------------------
 py::array_t<int64_t> place_buffers(py::object starts, py::object ends, py::object sizes, py::object order,
                                    int64_t base);
+py::array_t<int64_t> place_buffers_lowest(py::object starts, py::object ends, py::object sizes, py::object order,
+                                   int64_t base);
 
 // conv_direct.cpp ----------------------------------------------------------
 void conv2d_direct_forward(py::object x, py::object w, py::object b, py::object y, index_t sh,

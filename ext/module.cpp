@@ -155,6 +155,11 @@ PYBIND11_MODULE(_C, m) {
           "sizes[i] bytes (1-D int64 arrays), placed in the order ``order`` (a permutation\n"
           "of their indices), each in the lowest gap between overlapping placed buffers\n"
           "that holds it. No two buffers alive at a common step share a byte.");
+    m.def("place_buffers_lowest", &minidnn::place_buffers_lowest, "starts"_a, "ends"_a, "sizes"_a, "order"_a,
+          "base"_a = 0,
+          "place_buffers_lowest(starts, ends, sizes, order, base=0) -> offsets\n\n"
+          "place_buffers' offsets, with the buffers placed lowest first: next, always the one whose\n"
+          "lowest gap is lowest (on a tie, the one earlier in ``order``).");
 
 #define CONV_ARGS "sh"_a, "sw"_a, "ph"_a, "pw"_a, "dh"_a, "dw"_a, "groups"_a = 1
     m.def("conv2d_direct_forward", &minidnn::conv2d_direct_forward, "x"_a, "w"_a, "b"_a, "y"_a,

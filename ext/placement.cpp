@@ -3,6 +3,9 @@
 // Buffers are placed in the order the caller gives (minidnn/memory/placement.py
 // chooses it); each goes into the lowest gap, among the already placed buffers
 // whose lifetimes overlap its own, that holds it, else above the highest of them.
+// place_buffers_lowest chooses the order as it goes: next, always the buffer whose
+// lowest gap is lowest (the caller's order breaks ties), found by a heap of each
+// buffer's last known lowest gap (which placing others can only raise).
 //
 // Placed buffers are kept in ascending offset order (a buffer placed at the
 // offset of others goes after them), so each query is one pass over them with
@@ -16,6 +19,8 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <queue>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -112,6 +117,46 @@ py::array_t<int64_t> place_buffers(py::object starts_o, py::object ends_o, py::o
             const int64_t id = order[i];
             off[id] = placed.fit(start[id], end[id], size[id], base);
             placed.insert(Placed{off[id], off[id] + size[id], start[id], end[id]});
+        }
+    }
+    return result;
+}
+
+
+py::array_t<int64_t> place_buffers_lowest(py::object starts_o, py::object ends_o, py::object sizes_o,
+                                          py::object order_o, int64_t base) {
+    auto starts_a = py::cast<py::array_t<int64_t, py::array::c_style>>(starts_o);
+    if (starts_a.ndim() != 1) throw py::value_error("starts: expected a 1-D int64 array");
+    const py::ssize_t n = starts_a.shape(0);
+    const int64_t* start = starts_a.data();
+    const int64_t* end = int64_data(ends_o, "ends", n);
+    const int64_t* size = int64_data(sizes_o, "sizes", n);
+    const int64_t* order = int64_data(order_o, "order", n);
+    py::array_t<int64_t> result(n);
+    int64_t* off = result.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        std::vector<char> seen(n, 0);
+        for (py::ssize_t i = 0; i < n; ++i) {
+            if (start[i] < 0 || end[i] < start[i]) throw std::invalid_argument("bad lifetime");
+            if (order[i] < 0 || order[i] >= n || seen[order[i]]++) throw std::invalid_argument("order: not a permutation");
+        }
+        // (lowest fit, rank in ``order``, buffer): a buffer's lowest fit only rises as others are
+        // placed, so a key popped and found unchanged is the least of all current fits
+        using Key = std::tuple<int64_t, int64_t, int64_t>;
+        std::priority_queue<Key, std::vector<Key>, std::greater<Key>> heap;
+        for (py::ssize_t i = 0; i < n; ++i) heap.emplace(base, i, order[i]);
+        Placement placed;
+        while (!heap.empty()) {
+            auto [was, rank, id] = heap.top();
+            heap.pop();
+            const int64_t at = placed.fit(start[id], end[id], size[id], base);
+            if (at != was) {
+                heap.emplace(at, rank, id);
+                continue;
+            }
+            off[id] = at;
+            placed.insert(Placed{at, at + size[id], start[id], end[id]});
         }
     }
     return result;

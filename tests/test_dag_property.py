@@ -330,20 +330,32 @@ def test_bn_on_network_input():
 
 # -- the placement on its own, over random lifetimes ----------------------------------------------
 
-def reference_place(starts, ends, sizes, longest=False):
-    """The placement rule written plainly: largest first (ties: earlier start, or with ``longest``
-    the longer lifetime; then lower index), into the lowest gap between overlapping placed buffers
-    that holds it, else on top."""
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], starts[i] - ends[i] if longest else starts[i], i))
+def _lowest_gap(i, off, starts, ends, sizes):
+    """The lowest offset at which buffer ``i`` fits beside the placed buffers ``off`` it overlaps."""
+    live = sorted((off[j], off[j] + sizes[j]) for j in off if starts[j] <= ends[i] and starts[i] <= ends[j])
+    reach = 0
+    for lo, hi in live:
+        if lo - reach >= sizes[i]:
+            break
+        reach = max(reach, hi)
+    return reach
+
+
+def reference_place(starts, ends, sizes, order=placement.EARLIEST):
+    """The placement rules written plainly: largest first (ties: earlier start, or LONGEST the
+    longer lifetime; then lower index), into the lowest gap between overlapping placed buffers that
+    holds it, else on top; LOWEST: next, always the buffer whose lowest gap is lowest (ties: earlier
+    start, larger, lower index)."""
     off = {}
-    for i in order:
-        live = sorted((off[j], off[j] + sizes[j]) for j in off if starts[j] <= ends[i] and starts[i] <= ends[j])
-        reach = 0
-        for lo, hi in live:
-            if lo - reach >= sizes[i]:
-                break
-            reach = max(reach, hi)
-        off[i] = reach
+    if order == placement.LOWEST:
+        while len(off) < len(sizes):
+            i = min((i for i in range(len(sizes)) if i not in off),
+                    key=lambda i: (_lowest_gap(i, off, starts, ends, sizes), starts[i], -sizes[i], i))
+            off[i] = _lowest_gap(i, off, starts, ends, sizes)
+    else:
+        longest = order == placement.LONGEST
+        for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], starts[i] - ends[i] if longest else starts[i], i)):
+            off[i] = _lowest_gap(i, off, starts, ends, sizes)
     return [off[i] for i in range(len(sizes))]
 
 
@@ -354,12 +366,16 @@ def test_place_matches_the_rule_and_never_overlaps(items):
     ends = [a + d for a, d, _ in items]
     sizes = [64 * s for _, _, s in items]
     live = [sum(s for a, b, s in zip(starts, ends, sizes) if a <= k <= b) for k in range(max(ends) + 1)]
-    placed = {ties: placement.place(starts, ends, sizes, ties=ties).tolist()
-              for ties in (placement.EARLIEST, placement.LONGEST)}
-    assert placed[placement.EARLIEST] == reference_place(starts, ends, sizes)
-    assert placed[placement.LONGEST] == reference_place(starts, ends, sizes, longest=True)
+    orders = (placement.EARLIEST, placement.LONGEST, placement.LOWEST)
+    placed = {order: placement.place(starts, ends, sizes, order=order).tolist() for order in orders}
+    for order in orders:
+        assert placed[order] == reference_place(starts, ends, sizes, order), order
     least = placement.place_least(starts, ends, sizes).tolist()
-    assert placement.peak(least, sizes) == min(placement.peak(o, sizes) for o in placed.values())
+    first = placement.peak(placed[placement.EARLIEST], sizes)
+    if first - max(live) > first // 100:
+        assert placement.peak(least, sizes) == min(placement.peak(o, sizes) for o in placed.values())
+    else:
+        assert least == placed[placement.EARLIEST]
     n = len(items)
     for offsets in [least, *placed.values()]:
         for t in range(n):
@@ -377,8 +393,23 @@ def test_longest_first_packs_where_earliest_first_fragments():
     place_least keeps that."""
     starts, ends, sizes = [4, 2, 6, 1], [7, 4, 11, 3], [64, 128, 128, 128]
     assert placement.peak(placement.place(starts, ends, sizes), sizes) == 320
-    assert placement.peak(placement.place(starts, ends, sizes, ties=placement.LONGEST), sizes) == 256
+    assert placement.peak(placement.place(starts, ends, sizes, order=placement.LONGEST), sizes) == 256
     assert placement.peak(placement.place_least(starts, ends, sizes), sizes) == 256 \
+        == placement.live_peak(starts, ends, sizes)
+
+
+def test_lowest_first_packs_where_both_largest_first_orders_fragment():
+    """Two 128 B buffers (steps 0-3 and 5-8) and two of 64 B (3-4 and 4-6): largest first, in either
+    order of the two large ones, puts both at 0, and the small ones stack above them at steps 3-6
+    (256 B). Lowest first takes the buffer that sits lowest, the earliest start on a tie: the small
+    one at steps 4-6 goes to 0, the large one after it to 64, the other small one beside the first
+    large one at 128: 192 B, the liveness peak, which place_least keeps."""
+    starts, ends, sizes = [0, 4, 5, 3], [3, 6, 8, 4], [128, 64, 128, 64]
+    for order in (placement.EARLIEST, placement.LONGEST):
+        assert placement.peak(placement.place(starts, ends, sizes, order=order), sizes) == 256
+    lowest = placement.place(starts, ends, sizes, order=placement.LOWEST)
+    assert lowest.tolist() == [0, 0, 64, 128]
+    assert placement.peak(placement.place_least(starts, ends, sizes), sizes) == 192 \
         == placement.live_peak(starts, ends, sizes)
 
 
