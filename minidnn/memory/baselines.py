@@ -71,7 +71,7 @@ class Layers:
     def __init__(self, facts):
         schedule = self.schedule = facts.schedule
         self.touch, self.forward, self.end, self.producer = facts.touch, facts.forward, facts.last_forward, facts.producer
-        self.backward = facts.backward
+        self.backward, self.only_reads = facts.backward, facts.only_reads
         self.consumers = defaultdict(list)
         for s in self.forward:
             for u in dict.fromkeys(s.ins):
@@ -111,10 +111,6 @@ class Layers:
             k -= 1
         return b - self.backward[k]
 
-    def only_reads(self, t, i) -> bool:
-        """Whether schedule step ``i`` reads ``t`` without writing it (a copy of ``t`` may run beside it)."""
-        step = self.schedule.steps[i]
-        return t not in step.writes and t not in step.updates
 
     def offload(self, t, delay=1, early=False):
         """``t`` offloaded across its forward-to-backward gap and prefetched one backward layer ahead;

@@ -11,21 +11,26 @@ rest of ``curve[s] - limit``, each either
   outputs' chains), or
 - *offloaded*: its copy out done before ``s`` starts, and its prefetch, issued once ``s`` is over,
   done before the touch that closes the gap. A copy out starts after the touch that opens the gap,
-  or beside it where that touch only reads the tensor (an early offload, as vDNN's). The copy
-  stream is one queue: the copies out that may start at or after a time take at most the compute
-  time from then to ``s``, and the
-  prefetches due by step ``e`` at most the time from ``s`` to ``e``, each plus what the plan adds
-  in that window (its stalls, slower algorithms and recomputations).
+  or beside it where that touch only reads the tensor (an early offload, as vDNN's); the host keeps
+  a copy until the tensor is written again, so a gap whose tensor an earlier touch left unchanged
+  may have been copied out as early as that touch's gap allows (the lowering copies it once).
+
+The time a plan adds to the unlimited step is counted where it is added: ``added[k]``, what it has
+added by the time schedule step ``k`` starts (its stalls and recomputations; non-decreasing in
+``k``), and the slower algorithms of the peak steps. The copy stream is one queue: the copies out that may start
+from a step on take at most the unlimited time from there to ``s`` plus what the plan adds in
+between, and the prefetches due by step ``e`` at most the time from ``s`` to ``e`` plus what it adds
+there; what ``s`` drops is recomputed in what the plan adds after ``s``. Time added before one
+peak step and after another is the same time only where the windows overlap, so stalls that several
+peak steps need at different places add up.
 
 A gap that is off the device at one step it spans may be back at another (a prefetch issued early,
 a chain that restores it sooner), so each step frees its own share; a gap dropped at any step is
-recomputed once at least. So the time any plan adds to the unlimited step is at least every
-recomputation and slower algorithm it runs, and, at each step, what it adds before the step, at
-it and after it. The linear relaxation of these choices over the ``peaks`` highest
+recomputed once at least. The linear relaxation of these choices over the ``peaks`` highest
 steps of the curve (HiGHS, by scipy's ``linprog``) gives the least such time: a floor under the
 predicted step time of every plan, whatever it evicts and however it times its copies. It leaves
-out placement, the copies' holds and leads, and the other steps, so the best plan may be slower
-than the floor; a plan at the floor is optimal.
+out placement, the copies' holds and leads, the order of the copy queue and the other steps, so
+the best plan may be slower than the floor; a plan at the floor is optimal.
 """
 from __future__ import annotations
 
@@ -75,16 +80,24 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     baseline = float(secs.sum())
     curve = step_curve(lower(schedule, {}, facts, quick), len(schedule.steps))
     limit = budget - schedule.persistent_bytes
+    n = len(schedule.steps)
     start = np.concatenate([[0.0], np.cumsum(secs)])         # start[i]: when step i starts, unlimited
     gaps = [(t, ts[g], ts[g + 1]) for t, ts in touch.ordered() for g in range(len(ts) - 1)]
     opens = np.array([a for _, a, _ in gaps])
     closes = np.array([b for _, _, b in gaps])
     nbytes = np.array([int(schedule.tensor_bytes[t]) for t, _, _ in gaps], np.float64)
     copy = np.array([cost.transfer_seconds(schedule.tensors[t].nbytes) for t, _, _ in gaps])
-    # when a gap's copy out may start: beside the touch that opens it where that touch only reads
-    # the tensor (program.Evict.early), else after it
-    released = np.array([start[a] if t not in schedule.steps[a].writes and t not in schedule.steps[a].updates
-                         else start[a + 1] for t, a, _ in gaps])
+    # when a gap's copy out may start (the step ``issue`` starts, unlimited): after the touch that
+    # opens it, or beside it where that touch only reads the tensor (program.Evict.early); and where
+    # the tensor is not written between an earlier touch and this gap, as early as that touch's
+    # (the host keeps a copy until the tensor is written again: the lowering copies it out once)
+    issue, anchor = np.empty(len(gaps), int), np.empty(len(gaps), int)   # anchor: that touch
+    first = {}                               # tensor -> (issue, anchor) of its copy since it was last written
+    for i, (t, a, _) in enumerate(gaps):
+        written = not facts.only_reads(t, a)
+        if written or t not in first:
+            first[t] = (a + 1 if written else a, a)
+        issue[i], anchor[i] = first[t]
     tops = [int(s) for s in np.argsort(-curve, kind="stable")[:peaks] if curve[s] > limit]
     if not tops:
         return Floor(baseline, baseline)
@@ -96,19 +109,36 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
         t, _, b = gaps[i]
         redo[i] = recompute_seconds(t, b, touch, producer, secs, schedule.tensors)
     rows = _Rows()
-    total = rows.variable()                  # the time the plan adds to the unlimited step
-    charged = {}                             # variable -> the seconds it adds for certain
+    # added[k]: the time the plan has added to the unlimited step by the time step k starts (stalls
+    # and recomputations; k = n: by its end), slower algorithms aside: non-decreasing in k
+    points = sorted({0, n} | set(tops) | {s + 1 for s in tops} | set(issue[union]) | set(anchor[union])
+                    | set(closes[union]))
+    added = {k: rows.variable() for k in points}
+    for k, k2 in zip(points, points[1:]):
+        rows.add({added[k]: 1.0, added[k2]: -1.0}, 0.0)
+    slowed = {}                              # top step -> [(variable, bytes its algorithm frees, seconds lost)]
+    for s in tops:
+        opts = options.get(s, [])
+        slowed[s] = [(rows.variable(upper=1.0), aligned(opts[0][1].workspace) - aligned(algo.workspace),
+                      t - opts[0][0]) for t, algo in opts[1:] if aligned(algo.workspace) < aligned(opts[0][1].workspace)]
+        if slowed[s]:
+            rows.add({y: 1.0 for y, _, _ in slowed[s]}, 1.0)   # s runs one algorithm
+
+    def slower(lo, hi) -> dict:
+        """The seconds slower algorithms add to the top steps in [lo, hi), as coefficients."""
+        return {y: lost for s in tops if lo <= s < hi for y, _, lost in slowed[s]}
+
     # a gap dropped at any step is restored once at least; one run of a producer restores all its
     # outputs, so its chain is charged once, at the least of its outputs' chains
-    dropped, runs = {}, {}
+    dropped, runs, charged = {}, {}, {}
     for i in union:
         if math.isfinite(redo[i]):
             src = producer[gaps[i][0]]
             if src.index not in runs:
                 runs[src.index] = rows.variable(upper=1.0)
-            dropped[i] = runs[src.index]
-            ran = runs[src.index]
+            dropped[i] = ran = runs[src.index]
             charged[ran] = min(charged.get(ran, math.inf), redo[i])
+    rows.add({**charged, added[n]: -1.0}, 0.0)          # every recomputation runs in the added time
     for s in tops:
         span = spans[s]
         # a gap may be off the device at some of the steps it spans and not at others (a prefetch
@@ -117,41 +147,32 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
         off = {i: rows.variable(upper=1.0) for i in span}
         for i in span:
             rows.add({off[i]: 1.0, **({drop[i]: 1.0} if i in drop else {})}, 1.0)
-            if i in drop:
-                rows.add({drop[i]: 1.0, dropped[i]: -1.0}, 0.0)
-        before, after = rows.variable(), rows.variable()  # what the plan adds before s; after it, besides
-                                                          # recomputing what s frees
-        opts = options.get(s, [])
-        slower = [(rows.variable(upper=1.0), aligned(opts[0][1].workspace) - aligned(algo.workspace), t - opts[0][0])
-                  for t, algo in opts[1:] if aligned(algo.workspace) < aligned(opts[0][1].workspace)]
-        if slower:
-            rows.add({y: 1.0 for y, _, _ in slower}, 1.0)  # s runs one algorithm
-        charged.update((y, lost) for y, _, lost in slower)
         # the bytes freed at s cover what it holds over the limit
         rows.add({**{drop[i]: -nbytes[i] for i in drop}, **{off[i]: -nbytes[i] for i in span},
-                  **{y: -freed for y, freed, _ in slower}}, -(int(curve[s]) - limit))
-        # the copies out that may start from a time on are done before s starts; the prefetches due by
-        # step e, issued once s is over, arrive before e starts: each window as long as the
-        # unlimited step's, plus what the plan adds in it (the recomputations of what s frees run
-        # after s: the prefetches may have their time too)
-        offs, xs = np.array([off[i] for i in span]), copy[span]
-        releases = np.unique(released[span])
-        rows.add_many(released[span][None, :] >= releases[:, None], offs, xs, {before: -1.0},
-                      start[s] - releases)
-        redone = {}                          # a run of each producer that restores what s frees
+                  **{y: -freed for y, freed, _ in slowed[s]}}, -(int(curve[s]) - limit))
+        # the copies out issued from a step on are done before s starts, in the unlimited time
+        # between plus what the plan adds there; the prefetches due by step e, issued once s is
+        # over, arrive before e starts, likewise (the copy stream is one queue)
+        for r in np.unique(issue[span]):
+            later = [i for i in span if issue[i] >= r]
+            a = int(min(anchor[later]))      # the time added from the earliest touch they follow on
+            rows.add({**{off[i]: copy[i] for i in later}, added[s]: -1.0, added[a]: 1.0,
+                      **{y: -c for y, c in slower(r, s).items()}}, start[s] - start[r])
+        for e in np.unique(closes[span]):
+            due = [i for i in span if closes[i] <= e]
+            rows.add({**{off[i]: copy[i] for i in due}, added[int(e)]: -1.0, added[s]: 1.0,
+                      **{y: -c for y, c in slower(s + 1, e).items()}}, start[e] - start[s + 1])
+        # what s drops is recomputed after it
+        redone = {}                          # a run of each producer that restores what s drops
         for i in drop:
             ran = dropped[i]
             if ran not in redone:
-                redone[ran] = rows.variable(upper=1.0), charged[ran]
-            rows.add({drop[i]: 1.0, redone[ran][0]: -1.0}, 0.0)
-        redone = dict(redone.values())
-        dues = np.unique(closes[span])
-        rows.add_many(closes[span][None, :] <= dues[:, None], offs, xs,
-                      {**{d: -r for d, r in redone.items()}, after: -1.0}, start[dues] - start[s + 1])
-        # the time added before s, at s (its algorithm) and after s (those recomputations, and the rest)
-        # are apart
-        rows.add({before: 1.0, after: 1.0, **redone, **{y: lost for y, _, lost in slower}, total: -1.0}, 0.0)
-    rows.add({**charged, total: -1.0}, 0.0)             # every recomputation and slower algorithm
+                redone[ran] = rows.variable(upper=1.0)
+            rows.add({drop[i]: 1.0, redone[ran]: -1.0}, 0.0)
+            rows.add({redone[ran]: 1.0, ran: -1.0}, 0.0)
+        rows.add({**{v: charged[ran] for ran, v in redone.items()}, added[n]: -1.0, added[s]: 1.0}, 0.0)
+    total = rows.variable()                  # the time the plan adds to the unlimited step
+    rows.add({added[n]: 1.0, **slower(0, n), total: -1.0}, 0.0)
     return Floor(baseline + rows.minimize(total), baseline, tops[0])
 
 

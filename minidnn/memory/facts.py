@@ -68,6 +68,10 @@ class Facts:
         """The last schedule step ``t`` is needed at: the last step for a kept tensor."""
         return len(self.schedule.steps) - 1 if t in self.keep else self.touch[t][-1]
 
+    def only_reads(self, t, i) -> bool:
+        """Whether schedule step ``i`` touches ``t`` without writing it (a copy of ``t`` may run beside it)."""
+        return i not in self.writes.get(t, ())
+
     @cached_property
     def writes(self) -> dict:
         out = defaultdict(list)
