@@ -58,7 +58,8 @@ def decision_space(model, options):
 
 def enumerate_plans(sched, cost, options, model):
     """(arena bytes, simulated seconds) of every decision of the space that the lowering can run,
-    each made by make_plan."""
+    each made by make_plan and placed packed where the default placement fragments, as the
+    reference places its candidates where they are over the budget (the same plans fit)."""
     facts = Facts(sched)
     keys, choices = decision_space(model, options)
     quick = fastest(options)
@@ -67,7 +68,7 @@ def enumerate_plans(sched, cost, options, model):
         evictions = {k: c for k, c in zip(keys, combo) if isinstance(k, tuple) and c is not None}
         algos = {k: c for k, c in zip(keys, combo) if not isinstance(k, tuple)}
         try:
-            plan = make_plan(sched, evictions, cost, "exhaustive", facts=facts, algos={**quick, **algos})
+            plan = make_plan(sched, evictions, cost, "exhaustive", facts=facts, algos={**quick, **algos}, pack=True)
         except ValueError:                   # a chain would need a value neither on the host nor recomputable
             continue
         out.append((plan.arena_bytes, plan.simulation.seconds))

@@ -5,7 +5,9 @@ The decisions: for every gap between two touches of an arena tensor (program.py'
 it, drop it and recompute it before the touch that closes the gap, or offload it with one of a
 few timings (``OFFLOAD_TIMINGS``, and the heuristic's own where it has one); and for every step
 with several algorithms, which one it runs. A plan is what ``planner.make_plan`` makes of them:
-lowered, placed and simulated; it fits where its placed peak is within the budget.
+lowered, placed (packed: where the default placement is over the budget and fragments, the
+smallest of placement.py's three orders) and simulated; it fits where its placed peak is within
+the budget.
 
 The model (optimal_model.py, optimal_time.py) is a relaxation of that: for given decisions its
 memory at every stage is at most the lowered program's there (so at most the placed arena), and
@@ -30,7 +32,8 @@ the waits for copies that may not run.
 The search (:func:`solve_reference`): the MILP's optimum is a decision vector whose modelled time
 is a lower bound on the simulated time of every plan still in the space. Its plan is made; if it
 places within the budget and is the fastest yet, it is kept; either way a no-good cut removes
-exactly that decision vector, and a row keeps the MILP to modelled times below the fastest plan
+exactly that decision vector (where it placed over the budget, with every vector whose program has
+the same buffers: the algorithms of the same workspace), and a row keeps the MILP to modelled times below the fastest plan
 kept. The search ends when the fastest plan is no slower than the MILP's bound (it is then
 optimal over the decision space: every plan left is modelled, so simulated, at least as slow),
 when the MILP has no solution left (the same), or on the time limit: then it reports the proven
@@ -57,7 +60,7 @@ from ..schedule import aligned
 from .bound import step_time_floor
 from .config import MemoryConfig, format_bytes
 from .costmodel import CachedCost, ProfileCost
-from .optimal_cuts import cut_terms, large_threshold
+from .optimal_cuts import cut_terms
 from .optimal_model import PAIRED_TIMINGS, Model
 from .planner import algorithm_options, fastest, lower_bound, make_plan, plan_memory, smallest
 from .facts import Facts
@@ -293,15 +296,15 @@ class _Search:
             return None
         self.seen.add(key)
         plan = make_plan(self.schedule, evictions, self.cost, "optimal", budget=self.budget, baseline=self.base,
-                         facts=self.facts, algos={**fastest(self.options), **algos}, least=self.least)
+                         facts=self.facts, algos={**fastest(self.options), **algos}, least=self.least,
+                         pack=True)
         self.candidates += 1
         over = plan.arena_bytes > self.limit
         if over:
             self.misplaced += 1
         elif self.best is None or plan.simulation.seconds < self.best.simulation.seconds:
             self.best = plan
-        sigma = large_threshold(plan.program, self.limit) if over else None
-        cut = cut_terms(self.model, self.model.encode(evictions, algos), over, sigma, algos)
+        cut = cut_terms(self.model, self.model.encode(evictions, algos), over)
         self.cuts.append(cut)
         self.solver.cut(*cut)
         return plan
