@@ -34,6 +34,7 @@ the best plan may be slower than the floor; a plan at the floor is optimal.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -66,8 +67,8 @@ class Floor:
 
 
 def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
-    """The :class:`Floor` of ``schedule`` within ``budget`` bytes on ``cost``: the largest of the
-    bounds at the ``peaks`` highest steps of the unlimited curve (module docstring). ``budget``: bytes,
+    """The :class:`Floor` of ``schedule`` within ``budget`` bytes on ``cost``: the least time a plan
+    adds that frees the ``peaks`` highest steps of the unlimited curve (module docstring). ``budget``: bytes,
     as ``MemoryConfig(budget=...).resolve(liveness peak)`` gives them."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget <= 0:
         raise ConfigError(f"step_time_floor takes a budget in bytes (an int above 0), not {budget!r}: "
@@ -81,12 +82,15 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     curve = step_curve(lower(schedule, {}, facts, quick), len(schedule.steps))
     limit = budget - schedule.persistent_bytes
     n = len(schedule.steps)
-    start = np.concatenate([[0.0], np.cumsum(secs)])         # start[i]: when step i starts, unlimited
+    # times in the program are in units of the unlimited step, and each step's bytes in units of what
+    # it holds over the limit (HiGHS's tolerances are absolute: seconds of 1e-5 beside bytes of 1e9
+    # made ResNet-302's program take 25 s to solve)
+    start = np.concatenate([[0.0], np.cumsum(secs)]) / baseline   # start[i]: when step i starts, unlimited
     gaps = [(t, ts[g], ts[g + 1]) for t, ts in touch.ordered() for g in range(len(ts) - 1)]
     opens = np.array([a for _, a, _ in gaps])
     closes = np.array([b for _, _, b in gaps])
     nbytes = np.array([int(schedule.tensor_bytes[t]) for t, _, _ in gaps], np.float64)
-    copy = np.array([cost.transfer_seconds(schedule.tensors[t].nbytes) for t, _, _ in gaps])
+    copy = np.array([cost.transfer_seconds(schedule.tensors[t].nbytes) for t, _, _ in gaps]) / baseline
     # when a gap's copy out may start (the step ``issue`` starts, unlimited): after the touch that
     # opens it, or beside it where that touch only reads the tensor (program.Evict.early); and where
     # the tensor is not written between an earlier touch and this gap, as early as that touch's
@@ -107,7 +111,7 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     redo = np.full(len(gaps), math.inf)
     for i in union:
         t, _, b = gaps[i]
-        redo[i] = recompute_seconds(t, b, touch, producer, secs, schedule.tensors)
+        redo[i] = recompute_seconds(t, b, touch, producer, secs, schedule.tensors) / baseline
     rows = _Rows()
     # added[k]: the time the plan has added to the unlimited step by the time step k starts (stalls
     # and recomputations; k = n: by its end), slower algorithms aside: non-decreasing in k
@@ -120,7 +124,7 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
     for s in tops:
         opts = options.get(s, [])
         slowed[s] = [(rows.variable(upper=1.0), aligned(opts[0][1].workspace) - aligned(algo.workspace),
-                      t - opts[0][0]) for t, algo in opts[1:] if aligned(algo.workspace) < aligned(opts[0][1].workspace)]
+                      (t - opts[0][0]) / baseline) for t, algo in opts[1:] if aligned(algo.workspace) < aligned(opts[0][1].workspace)]
         if slowed[s]:
             rows.add({y: 1.0 for y, _, _ in slowed[s]}, 1.0)   # s runs one algorithm
 
@@ -148,20 +152,24 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
         for i in span:
             rows.add({off[i]: 1.0, **({drop[i]: 1.0} if i in drop else {})}, 1.0)
         # the bytes freed at s cover what it holds over the limit
-        rows.add({**{drop[i]: -nbytes[i] for i in drop}, **{off[i]: -nbytes[i] for i in span},
-                  **{y: -freed for y, freed, _ in slowed[s]}}, -(int(curve[s]) - limit))
+        over = int(curve[s]) - limit
+        rows.add({**{drop[i]: -nbytes[i] / over for i in drop}, **{off[i]: -nbytes[i] / over for i in span},
+                  **{y: -freed / over for y, freed, _ in slowed[s]}}, -1.0)
         # the copies out issued from a step on are done before s starts, in the unlimited time
         # between plus what the plan adds there; the prefetches due by step e, issued once s is
         # over, arrive before e starts, likewise (the copy stream is one queue)
-        for r in np.unique(issue[span]):
-            later = [i for i in span if issue[i] >= r]
-            a = int(min(anchor[later]))      # the time added from the earliest touch they follow on
-            rows.add({**{off[i]: copy[i] for i in later}, added[s]: -1.0, added[a]: 1.0,
-                      **{y: -c for y, c in slower(r, s).items()}}, start[s] - start[r])
-        for e in np.unique(closes[span]):
-            due = [i for i in span if closes[i] <= e]
-            rows.add({**{off[i]: copy[i] for i in due}, added[int(e)]: -1.0, added[s]: 1.0,
-                      **{y: -c for y, c in slower(s + 1, e).items()}}, start[e] - start[s + 1])
+        # (each sum of copy seconds is a variable: the last sum plus the copies of one more step, so
+        # that a row stays short where thousands of gaps span s)
+        a = n                                # the earliest touch the copies out from r on follow
+        for r, level, group in _levels(span, issue, copy, off, rows, True, lambda r: start[s] - start[r]):
+            a = min(a, int(anchor[group].min()))
+            if level is not None:
+                rows.add({level: 1.0, added[s]: -1.0, added[a]: 1.0,
+                          **{y: -c for y, c in slower(r, s).items()}}, start[s] - start[r])
+        for e, level, _ in _levels(span, closes, copy, off, rows, False, lambda e: start[e] - start[s + 1]):
+            if level is not None:
+                rows.add({level: 1.0, added[e]: -1.0, added[s]: 1.0,
+                          **{y: -c for y, c in slower(s + 1, e).items()}}, start[e] - start[s + 1])
         # what s drops is recomputed after it
         redone = {}                          # a run of each producer that restores what s drops
         for i in drop:
@@ -173,7 +181,30 @@ def step_time_floor(schedule, budget, cost, peaks=8) -> Floor:
         rows.add({**{v: charged[ran] for ran, v in redone.items()}, added[n]: -1.0, added[s]: 1.0}, 0.0)
     total = rows.variable()                  # the time the plan adds to the unlimited step
     rows.add({added[n]: 1.0, **slower(0, n), total: -1.0}, 0.0)
-    return Floor(baseline + rows.minimize(total), baseline, tops[0])
+    return Floor(baseline * (1 + rows.minimize(total)), baseline, tops[0])
+
+
+def _levels(span, at, copy, off, rows, descending, room):
+    """[(value, variable, gaps)] for each distinct ``at[i]`` of the gaps ``span``, in order (highest
+    first where ``descending``): ``gaps``, those of that value; the variable is at least the copy
+    seconds of the gaps freed by ``off`` whose value is this one or comes before it, by one row each.
+    The variable is None where even every one of those copies takes no longer than ``room(value)``
+    (the unlimited time of its window: the row it would bound holds of every plan), and the chain of
+    rows ends at the last value that needs one."""
+    order = sorted(span, key=lambda i: (-at[i], i) if descending else (at[i], i))
+    groups = [(value, list(group)) for value, group in itertools.groupby(order, key=lambda i: int(at[i]))]
+    full = np.cumsum([sum(copy[i] for i in group) for _, group in groups])
+    needed = [total > room(value) for (value, _), total in zip(groups, full)]
+    last = max((k for k, need in enumerate(needed) if need), default=-1)
+    out, level = [], None
+    for k, (value, group) in enumerate(groups):
+        if k <= last:
+            new = rows.variable()
+            rows.add({**{off[i]: copy[i] for i in group}, **({level: 1.0} if level is not None else {}), new: -1.0},
+                     0.0)
+            level = new
+        out.append((value, level if needed[k] else None, group))
+    return out
 
 
 class _Rows:
