@@ -1,6 +1,6 @@
 """What the planner keeps to plan faster gives what computing afresh gives: the greedy's trial walks
-kept while what they asked about is unchanged (greedy.TrialWalks), and the search's plans kept by
-their decisions (planner.Builds)."""
+kept while what they asked about is unchanged (greedy.TrialWalks), the search's plans kept by
+their decisions (planner.Builds), and the step times kept by their step (costmodel.CachedCost)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +12,7 @@ from minidnn import MemoryBudgetError, models, nn, optim
 from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import MemoryConfig, ProfileCost
+from minidnn.memory.costmodel import CachedCost
 from minidnn.memory.greedy import AutoPolicy, Greedy
 from minidnn.memory.knobs import Knobs
 from minidnn.memory.planner import algorithm_options, fastest, plan_memory
@@ -92,3 +93,24 @@ def test_kept_builds_plan_as_building_afresh(name, budget):
     kept = _fingerprint(sched, config)
     assert kept == _fingerprint(sched, config, dataclasses.replace(Knobs(), kept_builds=0))
     assert kept == _fingerprint(sched, config, dataclasses.replace(Knobs(), kept_builds=2))
+
+
+def test_kept_step_times_are_each_schedules_own():
+    """One CachedCost asked about two schedules, in turn, gives each step the time its own
+    schedule's step takes (steps are known by their index: the times of one schedule's step 5 are
+    not another's), and a plan made with a cache that served another schedule first is the plan
+    made with a new one."""
+    first = _schedule(RandomDag(random_spec(np.random.default_rng(0), 16)), SHAPE)
+    second = _schedule(RandomDag(random_spec(np.random.default_rng(1), 24)), SHAPE)
+    profile = ProfileCost("v100-16gb")
+    shared = CachedCost(profile)
+    for sched in (first, second, first):
+        assert [shared.step_seconds(sched, s) for s in sched.steps] == [profile.step_seconds(sched, s)
+                                                                          for s in sched.steps]
+    assert any(profile.step_seconds(first, a) != profile.step_seconds(second, b)
+               for a, b in zip(first.steps, second.steps))
+    config = MemoryConfig(budget="80%", profile="v100-16gb")
+    plan_memory(first, config, shared)
+    again = plan_memory(second, config, shared)
+    afresh = plan_memory(second, config, CachedCost(profile))
+    assert again.evictions == afresh.evictions and again.simulation.seconds == afresh.simulation.seconds

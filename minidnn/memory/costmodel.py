@@ -103,13 +103,17 @@ class MeasuredCost:
 
 class CachedCost:
     """A cost model's step times for one schedule, each computed once: the planner asks for
-    the same step's time in every candidate plan it builds and simulates."""
+    the same step's time in every candidate plan it builds and simulates. Asked about another
+    schedule, it starts again for that one (steps are known by their index alone)."""
 
     def __init__(self, cost):
         self.cost = cost
+        self._schedule = None  # the schedule whose times it holds
         self._seconds = {}     # algorithm -> step index -> seconds (no key tuple per step: fewer objects)
 
     def step_seconds(self, schedule, step, algo=None) -> float:
+        if schedule is not self._schedule:
+            self._schedule, self._seconds = schedule, {}
         by_step = self._seconds.get(algo)
         if by_step is None:
             by_step = self._seconds[algo] = {}
