@@ -378,9 +378,9 @@ def test_copies_charged_in_full_are_a_seed_that_can_win():
     sched, budget = _optimal_bench_schedule("densenet_small")
     config = MemoryConfig(budget=budget(0.4), profile="v100-16gb")
     plan = plan_memory(sched, config)
-    assert any(t.what.startswith("greedy, copies charged in full") and t.seconds is not None for t in plan.log)
+    assert any(t.what.startswith("greedy, copies charged 100%") and t.seconds is not None for t in plan.log)
     assert_at_or_below_every_trial(plan)
-    without = plan_memory(sched, config, knobs=dataclasses.replace(Knobs(), full_copy_bias=None))
+    without = plan_memory(sched, config, knobs=dataclasses.replace(Knobs(), copy_biases=(0.0,)))
     assert plan.simulation.seconds < without.simulation.seconds
     assert plan.simulation.recompute_seconds < 0.5 * without.simulation.recompute_seconds
 

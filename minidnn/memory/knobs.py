@@ -21,11 +21,14 @@ class Knobs:
     # Greedy: the share of a copy's time charged even where its gap hides it (the copy stream is
     # shared by every offload: the Capuchin-style bias towards recomputing cheap layers).
     copy_bias: float = 0.25
-    # ... and the bias of a seed that charges every copy in full (on schedules of at most
-    # ``baseline_seed_steps`` steps): it offloads other tensors than the greedy does, and the
-    # greedy's choice can recompute long chains instead: DenseNet-small b4 @ 40% on v100 2430.8 ->
-    # 2391.5 us, recomputing 141 us instead of 418 (bench_optimal.py). None: no such seed.
-    full_copy_bias: float | None = 1.0
+    # ... and the biases of seeds that charge copies otherwise (on schedules of at most
+    # ``baseline_seed_steps`` steps), each greedy's plan then timed like the others. In full (1.0):
+    # it offloads other tensors than the greedy does, and the greedy's choice can recompute long
+    # chains instead: DenseNet-small b4 @ 40% on v100 2430.8 -> 2391.5 us, recomputing 141 us
+    # instead of 418. Nothing (0.0): copies that their gaps hide are cheaper than a slower
+    # convolution, which a quarter of a copy's latency-bound time is not: random DAG 16 (seed 0) @
+    # 80% on v100 290.2 -> 282.8 us, @ 40% 381.3 -> 335.6 us (bench_optimal.py).
+    copy_biases: tuple = (1.0, 0.0)
     # Greedy: the copy time one iteration can hide, as a share of its compute; beyond it a copy is
     # charged in full. (The seed "greedy, copy stream by direction" gives an offload from the
     # forward to the backward the room its two queues have instead: DenseNet-121 b128 @ 25% on

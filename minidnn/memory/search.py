@@ -114,11 +114,11 @@ def seeds(policy, problem):
         out[1:1] = [(f"greedy, {1 - f:.0%} left for its copies", "the copy timing's holds and early prefetches "
                      "need memory the greedy does not plan for", _scaled(greedy_choose, f), True, False)
                     for f in knobs.copy_room]
-        if knobs.full_copy_bias is not None:
-            dear = dataclasses.replace(k, copy_bias=knobs.full_copy_bias)
-            out[1:1] = [("greedy, copies charged in full", "a copy's whole time charged where its gap hides it: "
-                         "copies that cluster in a few layers queue on the one stream",
-                         problem.chooser(AutoPolicy(name=policy.name, knobs=dear)), True, False)]
+        out[1:1] = [(f"greedy, copies charged {bias:.0%} where their gaps hide them",
+                     "a copy charged otherwise than the greedy does where its gap hides it: copies that cluster "
+                     "in a few layers queue on the one stream, and copies of small tensors hide beside them",
+                     problem.chooser(AutoPolicy(name=policy.name, knobs=dataclasses.replace(k, copy_bias=bias))),
+                     True, False) for bias in knobs.copy_biases]
         out[1:1] = [hidden_seed(),
                     ("recompute-only", "every eviction a recomputation",
                      problem.chooser(AutoPolicy(offload=False, knobs=k)), False, True)]

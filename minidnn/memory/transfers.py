@@ -222,6 +222,21 @@ def _saved(cum, reach, j, lead) -> float:
     return cum[j + 1] - max(cum[j], start) if lead else min(cum[j + 1], end) - cum[j]
 
 
+def _split(cum, gap, hold, end, at, start):
+    """(the last step the offload of ``gap`` is held through, the step its prefetch is issued before)
+    where the hold wants to reach step ``hold`` (its copy out ends at ``end``) and the prefetch to
+    be issued before step ``at`` (to start by ``start``): a prefetch is issued two steps after the
+    hold at the soonest, so in a short gap the two share its steps. The split waits least: a free
+    that waits for its copy out waits from the end of the last held step until ``end``, a step whose
+    prefetch is issued late waits from ``start`` until it is issued (the first of equal splits,
+    the longest hold)."""
+    def waits(h):
+        fetch = min(gap.due, max(at, h + 2))
+        return max(0.0, end - cum[h + 1]) + max(0.0, cum[fetch] - start), fetch
+    best = min(range(hold, gap.a + gap.delay - 1, -1), key=lambda h: waits(h)[0], default=hold)
+    return best, waits(best)[1]
+
+
 def hide_transfers(plan_fn, plan, facts, cost, limit, knobs=Knobs()):
     """``plan`` with its transfers retimed to overlap compute, or None where that does not fit.
 
@@ -264,6 +279,9 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, knobs=Knobs()):
         lo = max(a + 1, b - ev.lead)
         gaps.append(Gap(k, a, b, ev.delay, lo, min(lo, needed(k[0], a, b)),
                         cost.transfer_seconds(schedule.tensors[k[0]].nbytes), int(schedule.tensor_bytes[k[0]])))
+    # a copy out whose gap opens with a touch that only reads the tensor is issued beside that touch
+    # (program.Evict.early): it is done a step sooner and frees nothing later
+    early = {g.key: plan.evictions[g.key].early or facts.only_reads(g.key[0], g.a) for g in gaps}
     by_release = sorted(gaps, key=lambda g: g.a)                     # the offloads' order on the queue
     by_due = sorted(gaps, key=lambda g: -g.due)                      # the prefetches', last first
     # the plan's fragmentation headroom, and a share of the limit for what placing the longer-held buffers adds
@@ -275,7 +293,7 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, knobs=Knobs()):
         time)}, unclamped by memory."""
         out, t_x, nxt = {}, 0.0, math.inf
         for g in by_release:
-            issued = cum[g.a] if plan.evictions[g.key].early else cum[g.a + 1]   # (early: beside step a)
+            issued = cum[g.a] if early[g.key] else cum[g.a + 1]
             t_x = (max(issued, t_x) if queued else issued) + g.seconds
             out[g.key] = [g.a + max(g.delay, min(int(np.searchsorted(cum, t_x)) - (g.a + 1), g.b - g.a - 2)),
                           None, t_x, None]
@@ -283,7 +301,8 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, knobs=Knobs()):
             nxt = (min(cum[g.due], nxt) if queued else cum[g.due]) - g.seconds
             at = int(np.searchsorted(cum, nxt, side="right")) - 1
             r = out[g.key]
-            r[1], r[3] = min(g.due, max(at, r[0] + 2)), nxt
+            r[0], r[1] = _split(cum, g, r[0], r[2], at, nxt)
+            r[3] = nxt
         return out
 
     def extended(reach, queued, share, headroom):
@@ -295,7 +314,7 @@ def hide_transfers(plan_fn, plan, facts, cost, limit, knobs=Knobs()):
         timed = extend(gaps, base.copy(), room - headroom, cum, reach, by_saving=not queued)
         trial = dict(plan.evictions)
         trial.update((g.key, Evict("offload", delay=timed[g.key][0], lead=g.b - timed[g.key][1],
-                                   early=plan.evictions[g.key].early)) for g in gaps)   # (where it is issued stays)
+                                   early=early[g.key])) for g in gaps)
         return trial
 
     def fitted(queued):
