@@ -341,7 +341,8 @@ def _optimal_bench_schedule(key):
     """A schedule of scripts/bench_optimal.py's table, and its budget at a fraction of the liveness peak."""
     from minidnn.memory import MemoryConfig, plan_memory
     from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
-    build, shape = {"dag1": (lambda: RandomDag(random_spec(np.random.default_rng(1), 24)), SHAPE),
+    build, shape = {"dag0": (lambda: RandomDag(random_spec(np.random.default_rng(0), 16)), SHAPE),
+                    "dag1": (lambda: RandomDag(random_spec(np.random.default_rng(1), 24)), SHAPE),
                     "densenet_small": (lambda: models.densenet_small(), (4, 3, 32, 32))}[key]
     sched = build_schedule(trace(build(), shape, loss=nn.CrossEntropyLoss()),
                            optimizer=optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
@@ -366,23 +367,25 @@ def test_room_left_for_the_copies_timing_is_tried_and_kept():
     assert plan.simulation.seconds < 0.95 * without.simulation.seconds
 
 
-def test_copies_charged_in_full_are_a_seed_that_can_win():
-    """DenseNet-small b4 at 40% of its liveness peak on the V100 profile: the greedy charging a copy
-    a quarter of its time (where its gap hides it) drops tensors whose recomputation chains run long
-    (about 750 us; about 400 once the final repairs hold what the chains restore); the seed charging
-    every copy in full offloads other tensors and recomputes a third of that. It is tried, and the
-    plan is faster than every plan without it."""
+def test_copies_charged_nothing_where_their_gaps_hide_them_are_a_seed_that_can_win():
+    """A random DAG (bench_optimal.py's DAG 0) at 80% of its liveness peak on the V100 profile: the
+    greedy charging a copy a quarter of its time where its gap hides it finds a 10 us copy of a
+    1 KiB tensor dearer per byte than a convolution's slower algorithm, and trades three of them;
+    the seed charging such copies nothing offloads four tensors whose copies the timing hides.
+    Both seeds of ``Knobs.copy_biases`` are tried, and the plan, which offloads, is faster than
+    every plan without them."""
     import dataclasses
     from minidnn.memory import MemoryConfig, plan_memory
     from minidnn.memory.knobs import Knobs
-    sched, budget = _optimal_bench_schedule("densenet_small")
-    config = MemoryConfig(budget=budget(0.4), profile="v100-16gb")
+    sched, budget = _optimal_bench_schedule("dag0")
+    config = MemoryConfig(budget=budget(0.8), profile="v100-16gb")
     plan = plan_memory(sched, config)
-    assert any(t.what.startswith("greedy, copies charged 100%") and t.seconds is not None for t in plan.log)
+    for bias in ("100%", "0%"):
+        assert any(t.what.startswith(f"greedy, copies charged {bias}") and t.seconds is not None for t in plan.log)
     assert_at_or_below_every_trial(plan)
-    without = plan_memory(sched, config, knobs=dataclasses.replace(Knobs(), copy_biases=(0.0,)))
+    without = plan_memory(sched, config, knobs=dataclasses.replace(Knobs(), copy_biases=()))
+    assert any(ev.kind == "offload" for ev in plan.evictions.values())
     assert plan.simulation.seconds < without.simulation.seconds
-    assert plan.simulation.recompute_seconds < 0.5 * without.simulation.recompute_seconds
 
 
 def test_the_final_repairs_hold_what_chains_restore_and_keep_recomputations_where_there_is_room():
