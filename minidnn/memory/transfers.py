@@ -229,12 +229,13 @@ def _split(cum, gap, hold, end, at, start):
     hold at the soonest, so in a short gap the two share its steps. The split waits least: a free
     that waits for its copy out waits from the end of the last held step until ``end``, a step whose
     prefetch is issued late waits from ``start`` until it is issued (the first of equal splits,
-    the longest hold)."""
-    def waits(h):
-        fetch = min(gap.due, max(at, h + 2))
-        return max(0.0, end - cum[h + 1]) + max(0.0, cum[fetch] - start), fetch
-    best = min(range(hold, gap.a + gap.delay - 1, -1), key=lambda h: waits(h)[0], default=hold)
-    return best, waits(best)[1]
+    the longest hold). A hold shorter than ``at - 2`` issues the prefetch no sooner and waits
+    longer, so only the steps from there to ``hold`` are tried."""
+    def fetch(h):
+        return min(gap.due, max(at, h + 2))
+    best = min(range(hold, max(gap.a + gap.delay, at - 2) - 1, -1), default=hold,
+               key=lambda h: max(0.0, end - cum[h + 1]) + max(0.0, cum[fetch(h)] - start))
+    return best, fetch(best)
 
 
 def hide_transfers(plan_fn, plan, facts, cost, limit, knobs=Knobs()):
