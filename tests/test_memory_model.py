@@ -15,6 +15,7 @@ from minidnn.autograd import build_schedule
 from minidnn.graph import trace
 from minidnn.memory import ProfileCost
 from minidnn.memory.greedy import Greedy
+from minidnn.memory.knobs import Knobs
 from minidnn.memory.planner import algorithm_options, fastest
 from minidnn.memory.facts import Facts, touches
 from minidnn.memory.program import Evict, lower, recompute_seconds
@@ -33,7 +34,7 @@ def grouped(program, n):
     return curve
 
 
-def check_exact(sched, profile, recompute=True, offload=True, copy_windows=False):
+def check_exact(sched, profile, recompute=True, offload=True, copy_windows=False, knobs=Knobs()):
     """Walk the greedy down through targets; at each, its curve is the lowered one. The number of
     targets at which it evicted something."""
     cost = ProfileCost(profile)
@@ -41,7 +42,8 @@ def check_exact(sched, profile, recompute=True, offload=True, copy_windows=False
     options = algorithm_options(sched, cost)
     algos = fastest(options)
     n = len(sched.steps)
-    greedy = Greedy(Facts(sched, touch), cost, recompute, offload, options, algos, copy_windows=copy_windows)
+    greedy = Greedy(Facts(sched, touch), cost, recompute, offload, options, algos, copy_windows=copy_windows,
+                    knobs=knobs)
     assert np.array_equal(greedy.predicted_curve(), grouped(lower(sched, {}, touch, algos), n))
     top = int(greedy.predicted_curve().max())
     evicted = 0
@@ -80,6 +82,35 @@ def test_model_zoo_curve_is_the_lowered_curve(name, profile):
     g = trace(models.get(name, **kw), shape, loss=nn.CrossEntropyLoss())
     sched = build_schedule(g, optimizer=optim.SGD(lr=0.05, momentum=0.9) if update else None)
     assert check_exact(sched, profile) >= 3       # it did plan: several targets needed evictions
+
+
+TIMED = Knobs(timed_offloads=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=dags(max_nodes=10), profile=st.sampled_from(["cpu-2core", "titanx-12gb", "a100-40gb"]))
+def test_offloads_timed_at_the_peak_plan_on_the_lowered_curve(spec, profile):
+    """With its offloads timed for the peak they lower (their buffers held while the copy out runs,
+    prefetched early, an offload timed again to free a later peak), the greedy's curve is still the
+    lowering's, holds and leads included."""
+    sched = build_schedule(trace(RandomDag(spec), SHAPE, loss=nn.CrossEntropyLoss()))
+    check_exact(sched, profile, knobs=TIMED)
+
+
+@pytest.mark.parametrize("name", ["resnet20", "densenet_small"])
+def test_offloads_timed_at_the_peak_hold_their_buffers(name):
+    """On the zoo too; and the timed offloads hold or lead somewhere (the copies of ResNet-20's and
+    the small DenseNet's activations take longer than the step after them)."""
+    shape, kw, update = ZOO[name]
+    g = trace(models.get(name, **kw), shape, loss=nn.CrossEntropyLoss())
+    sched = build_schedule(g, optimizer=optim.SGD(lr=0.05, momentum=0.9))
+    assert check_exact(sched, "titanx-12gb", knobs=TIMED) >= 3
+    cost, touch = ProfileCost("titanx-12gb"), touches(sched)
+    options = algorithm_options(sched, cost)
+    greedy = Greedy(Facts(sched, touch), cost, True, True, options, fastest(options), knobs=TIMED)
+    ev, _ = greedy.greedy(int(0.5 * greedy.predicted_curve().max()))
+    offloads = [e for e in ev.values() if e.kind == "offload"]
+    assert offloads and any(e.delay or e.lead for e in offloads)
 
 
 def test_the_copy_stream_by_direction_plans_on_the_same_curve():

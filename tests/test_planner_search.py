@@ -353,7 +353,9 @@ def _optimal_bench_schedule(key):
 def test_room_left_for_the_copies_timing_is_tried_and_kept():
     """A random DAG at 40% of its liveness peak on the V100 profile (bench_optimal.py's row): the
     greedy's plan at the limit has no room to hold its offloads while their copies run, so it
-    stalls; the greedy asked for less is tried, and the plan is faster than every plan without it."""
+    stalls; the greedy asked for less is tried, and the plan is faster than every plan without it
+    (547.5 us against 560.2: the greedy that times its offloads for their peaks, a seed too, finds
+    most of that room itself)."""
     import dataclasses
     from minidnn.memory import MemoryConfig, plan_memory
     from minidnn.memory.knobs import Knobs
@@ -364,7 +366,7 @@ def test_room_left_for_the_copies_timing_is_tried_and_kept():
     assert_at_or_below_every_trial(plan)
     without = plan_memory(sched, config, knobs=dataclasses.replace(Knobs(), copy_room=()))
     assert not any("left for its copies" in t.what for t in without.log)
-    assert plan.simulation.seconds < 0.95 * without.simulation.seconds
+    assert plan.simulation.seconds < without.simulation.seconds
 
 
 def test_copies_charged_nothing_where_their_gaps_hide_them_are_a_seed_that_can_win():

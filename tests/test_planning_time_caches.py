@@ -25,7 +25,7 @@ from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
 class _Afresh:
     """TrialWalks that keeps nothing: every trial walk is walked again."""
 
-    def walk(self, greedy, c, k, kind):
+    def walk(self, greedy, c, k, kind, lead=None):
         return greedy.walk(c)
 
     def changed_tensor(self, t):
@@ -69,7 +69,8 @@ def _decisions(sched, profile, fraction, policy):
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 @pytest.mark.parametrize("profile,fraction", [("titanx-12gb", 0.5), ("a100-40gb", 0.25)])
-@pytest.mark.parametrize("policy", [AutoPolicy(), AutoPolicy(copy_windows=True), AutoPolicy(offload=False)])
+@pytest.mark.parametrize("policy", [AutoPolicy(), AutoPolicy(copy_windows=True), AutoPolicy(offload=False),
+                                    AutoPolicy(knobs=Knobs(timed_offloads=True))])
 def test_kept_trial_walks_decide_as_walking_afresh(name, profile, fraction, policy):
     kept, afresh = _decisions(SCHEDULES[name](), profile, fraction, policy)
     assert kept == afresh

@@ -9,7 +9,9 @@ walk), whose values are held on top of what is on the device before it
 (:func:`program.restore_footprint`), and every chain that reads the tensor
 inside the gap now restores it too. So after every decision the curve equals
 ``memory_curve(lower(...))`` grouped by schedule step, byte for byte (with the
-lowering's horizon ``keep_within=0`` and copies untimed), and a decision that
+lowering's horizon ``keep_within=0``, and the copies untimed or, with
+``Knobs.timed_offloads``, held and prefetched early as the greedy timed them for
+the peaks they lower), and a decision that
 would lift some step to the peak it was meant to lower is not taken: the
 peaks it records never rise.
 """
@@ -132,7 +134,14 @@ class Greedy:
         self.B = np.array([r[3] for r in rows], np.int64)
         self.size = np.array([r[4] for r in rows], np.float64)
         self.off_cost, self.xfer, self.rc_cost = np.array(off_cost), np.array(xfer), np.array(rc_cost)
+        self.charged = knobs.copy_bias + shared     # of a copy's time, charged even where it is hidden
         self.taken = np.zeros(len(rows), bool)
+        self.timed = {}                             # row -> (first, last, Evict) of each timed offload
+        self.leads = {}                             # (tensor, gap) -> the lead of its timed offload
+        # where a timed offload's copy out may start: beside the touch that opens its gap where that
+        # touch only reads the tensor (Evict.early), else after it
+        self.early = np.array([facts.only_reads(r[0], r[2]) for r in rows], bool)
+        self.out_start = self.cum[np.where(self.early, self.A, self.A + 1)] if rows else np.zeros(0)
         self.copy_capacity = knobs.copy_capacity * self.cum[-1]   # what copies one iteration hides
         self.copy_used = 0.0
         self.last_forward, self.copy_windows = last_forward, copy_windows
@@ -169,7 +178,10 @@ class Greedy:
         if k == len(ts):
             return True                             # kept to the end
         kind = self.evicted[u].get(k - 1) if u in self.evicted else None
-        return kind is None or (ts[k] == c and kind == "offload")
+        if kind is None or (ts[k] == c and kind == "offload"):
+            return True
+        lead = self.leads.get((u, k - 1)) if kind == "offload" else None
+        return lead is not None and c >= ts[k] - lead    # prefetched ``lead`` steps early
 
     def on_host(self, u, c) -> bool:
         """Whether the host store holds an up-to-date copy of ``u`` before step ``c``."""
@@ -245,12 +257,85 @@ class Greedy:
         self.chain[c], self.chain_secs[c] = peak, secs
 
     # -- the greedy -------------------------------------------------------------------------------
-    def _costs(self, rows):
-        """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed."""
-        xfer = self.xfer[rows]
-        off = np.where(self._over(rows), xfer, self.off_cost[rows])   # beyond capacity a copy is exposed
-        rc = self.rc_cost[rows]
+    def _costs(self, rows, s=None):
+        """(cost, is_offload) of ``rows`` (a mask or indices), given the copy time already committed;
+        with ``s``, each offload timed to free the peak at step ``s`` (:meth:`_timed`)."""
+        off, rc = self._offload_costs(rows, s), self.rc_cost[rows]
         return np.minimum(off, rc), off <= rc
+
+    def _offload_costs(self, rows, s=None):
+        """What offloading ``rows`` costs (:meth:`_costs`)."""
+        off = self.off_cost[rows] if s is None or not self.knobs.timed_offloads else self._timed(rows, s)
+        return np.where(self._over(rows), self.xfer[rows], off)   # beyond capacity a copy is exposed
+
+    def _timed(self, rows, s):
+        """The seconds offloading ``rows`` (indices) costs when the bytes must be off the device at
+        step ``s``: the copy out can only overlap the steps of its gap before ``s`` (the buffer is
+        held while it runs) and the prefetch only those after ``s`` (the buffer is back while it
+        runs), so what they do not hide is exposed. A tensor whose host copy is up to date is
+        dropped without a copy out (the lowering copies it once)."""
+        a, b, x = self.A[rows], self.B[rows], self.xfer[rows] / 2
+        cum = self.cum
+        out = np.maximum(0.0, x - (cum[s] - self.out_start[rows]))
+        for j in np.flatnonzero(out):
+            if self.rows[rows[j]][0] in self.evicted and self._copied(rows[j]):
+                out[j] = 0.0
+        exposed = out + np.maximum(0.0, x - (cum[b] - cum[s + 1]))
+        return np.where(np.isinf(x), np.inf, exposed + self.charged * np.where(np.isinf(x), 0.0, x))
+
+    def _freed(self, k, kind, s):
+        """(first, last) schedule step where evicting row ``k`` by ``kind`` for the peak at step ``s``
+        frees its bytes, and the Evict: a timed offload holds its buffer until its copy out is done
+        (or ``s`` comes) and prefetches it as early as hides the copy back (or right after ``s``)."""
+        t, g, a, b, size = self.rows[k]
+        if kind != "offload" or not self.knobs.timed_offloads:
+            return a + 1, b - 1, Evict(kind)
+        x, cum = self.xfer[k] / 2, self.cum
+        hold = 0 if self._copied(k) else min(
+            max(int(np.searchsorted(cum, self.out_start[k] + x, "left")) - (a + 1), 0), s - a - 1)
+        lead = min(b - (int(np.searchsorted(cum, cum[b] - x, "right")) - 1), b - s - 1)
+        return a + 1 + hold, b - lead - 1, Evict("offload", delay=hold, lead=lead, early=bool(self.early[k]))
+
+    def _drop_copied(self, t, a):
+        """``t`` was offloaded from step ``a``: its later timed offloads whose host copy is now up
+        to date hold their buffers no longer (the lowering drops them as their gaps open)."""
+        for k2, (lo, hi, ev) in list(self.timed.items()):
+            t2, g2, a2, b2, size = self.rows[k2]
+            if t2 == t and a2 > a and ev.delay and self._copied(k2):
+                self.step_live[a2 + 1:lo] -= size
+                self.pre[a2 + 1:lo] -= size
+                self.timed[k2] = (a2 + 1, hi, Evict("offload", delay=0, lead=ev.lead, early=ev.early))
+                self._relive(a2 + 1, lo)
+
+    def _copied(self, k) -> bool:
+        """Whether row ``k``'s tensor has an up-to-date host copy when its gap opens: its offload
+        only drops it, with no copy out to hold its buffer for."""
+        return self.on_host(self.rows[k][0], self.rows[k][2] + 1)
+
+    def _widen(self, s):
+        """(seconds per byte, row, "widen", None, freed) of the cheapest timed offload that holds its
+        buffer at step ``s`` (its copy out still running, or its prefetch already issued) timed
+        again to free it there too: its hold or lead shortened, what that exposes charged. None
+        where no offload holds a buffer at ``s``."""
+        best = None
+        for k, (lo, hi, ev) in self.timed.items():
+            a, b = self.A[k], self.B[k]
+            if not (a < s < lo or hi < s < b):
+                continue
+            freed = self._freed(k, "offload", s)
+            hold, lead = min(ev.delay, freed[2].delay), min(ev.lead, freed[2].lead)
+            freed = (a + 1 + hold, b - lead - 1, Evict("offload", delay=hold, lead=lead, early=ev.early))
+            r = (self._exposed(k, hold, lead) - self._exposed(k, ev.delay, ev.lead) + 1e-9) / self.size[k]
+            if best is None or r < best[0]:
+                best = (r, k, "widen", None, freed)
+        return best
+
+    def _exposed(self, k, hold, lead):
+        """The copy time of row ``k``'s offload that a hold of ``hold`` and a lead of ``lead`` steps
+        leave exposed."""
+        a, b, x, cum = self.A[k], self.B[k], self.xfer[k] / 2, self.cum
+        return (max(0.0, x - (cum[a + 1 + hold] - self.out_start[k]))
+                + max(0.0, x - (cum[b] - cum[b - lead])))
 
     def _over(self, rows):
         """Whether the copy stream has no room left for the copies of ``rows`` (indices)."""
@@ -307,7 +392,7 @@ class Greedy:
         its first estimate, and the estimate is kept for the next decisions."""
         idle = np.flatnonzero((self.A < s) & (self.B > s) & ~self.taken)   # the rows that can lower it
         if len(idle):
-            cost, is_off = self._costs(idle)
+            cost, is_off = self._costs(idle, s)
             ratio = (cost + 1e-9) / self.size[idle]
         else:
             ratio = is_off = np.array([])
@@ -324,24 +409,26 @@ class Greedy:
                 continue                            # the chain at s would restore it: no gain there
             fits = False
             for kind in ("offload", "recompute"):
-                base = self.off_cost[k] if kind == "offload" else 0.0
                 if (self.xfer[k] if kind == "offload" else self.rc_cost[k]) == math.inf:
                     continue
-                trial = self._trial(k, kind, peak)
+                base = float(self._offload_costs([k], s)[0]) if kind == "offload" else 0.0
+                freed = self._freed(k, kind, s)
+                trial = self._trial(k, kind, peak, freed)
                 if trial is None:
                     continue
                 fits = True
                 seconds = base + trial[0]
-                if kind == "offload" and self._over([k])[0]:
-                    seconds += self.xfer[k] - base
                 if kind == "recompute":
                     self.rc_cost[k] = trial[0]
                 r = (seconds + 1e-9) / self.size[k]
                 if best is None or r < best[0]:
-                    best = (r, k, kind, trial)
+                    best = (r, k, kind, trial, freed)
             exact += 1
             if not fits:
                 self.taken[k] = True                # either way lifts a step to the peak: never
+        widen = self._widen(s)
+        if widen is not None and (best is None or widen[0] < best[0]):
+            best = widen
         if swap is not None and (best is None or swap[0] <= best[0]):
             _, freed, algo = swap
             self.current[s] = algo
@@ -354,9 +441,12 @@ class Greedy:
             return ("algo", s, algo)
         if best is None:
             return self._convert(s, peak)
-        _, k, kind, trial = best
-        self._commit(k, kind, trial[1])
-        return ("evict", (self.rows[k][0], self.rows[k][1]), Evict(kind))
+        _, k, kind, trial, freed = best
+        if kind == "widen":
+            self._retime(k, freed)
+        else:
+            self._commit(k, kind, trial[1], freed)
+        return ("evict", (self.rows[k][0], self.rows[k][1]), freed[2])
 
     def _convert(self, s, peak):
         """Where no gap left can lower the peak at step ``s``, its restore chain may: a value that
@@ -419,31 +509,38 @@ class Greedy:
     def _relive(self, lo, hi):
         self.live[lo:hi] = np.maximum(self.step_live[lo:hi], self.pre[lo:hi] + self.chain[lo:hi])
 
-    def _trial(self, k, kind, peak):
-        """(the seconds the chains add, their new walks) of evicting row ``k`` by ``kind``, or None
-        where a chain it changes would then hold the peak or more."""
+    def _trial(self, k, kind, peak, freed):
+        """(the seconds the chains add, their new walks) of evicting row ``k`` by ``kind``, its bytes
+        off the device over the steps ``freed`` (:meth:`_freed`), or None where a chain it changes
+        would then hold the peak or more."""
         t, g, a, b, size = self.rows[k]
         again = {c for c in self.asked.get(t, ()) if c > a}
         if kind == "recompute":
             again.add(b)
-        walks = self._walks_as(k, kind, again, lambda c: self.trials.walk(self, c, k, kind))
+        lead = freed[2].lead or None
+        walks = self._walks_as(k, kind, again, lambda c: self.trials.walk(self, c, k, kind, lead), lead)
+        lo, hi = freed[0], freed[1]
         added = 0.0
         for c, (chain, secs, *_) in walks.items():
-            drop = size if a < c < b or (c == b and kind == "recompute") else 0
-            inside = size if a < c < b else 0
+            inside = size if lo <= c <= hi else 0
+            drop = size if inside or (c == b and kind == "recompute") else 0
             value = max(self.step_live[c] - inside, self.pre[c] - drop + chain)
             if value >= peak and value > self.live[c]:
                 return None
             added += secs - self.chain_secs[c]
         return added, walks
 
-    def _walks_as(self, k, kind, steps, walk):
+    def _walks_as(self, k, kind, steps, walk, lead=None):
         """{c: walk(c)} for ``steps``, the chains walked as if row ``k``'s gap were evicted by ``kind``
-        (the decisions as they are again after)."""
+        (an offload prefetched ``lead`` steps early; the decisions as they are again after)."""
         t, g = self.rows[k][0], self.rows[k][1]
         was = self.evicted[t].get(g)
         self.evicted[t][g] = kind
+        if lead:
+            self.leads[(t, g)] = lead
         walks = {c: walk(c) for c in steps}
+        if lead:
+            del self.leads[(t, g)]
         if was is not None:
             self.evicted[t][g] = was
         else:
@@ -452,16 +549,23 @@ class Greedy:
                 del self.evicted[t]
         return walks
 
-    def _commit(self, k, kind, walks):
-        """Evict row ``k`` by ``kind``, its changed chains walked already (``walks``)."""
+    def _commit(self, k, kind, walks, freed):
+        """Evict row ``k`` by ``kind`` over the steps ``freed``, its changed chains walked already
+        (``walks``)."""
         t, g, a, b, size = self.rows[k]
+        lo, hi = freed[0], freed[1]
         self.evicted[t][g] = kind
         self.trials.changed_tensor(t)
         self.taken[k] = True
         if kind == "offload":
             self._add_copy(k)
-        self.step_live[a + 1:b] -= size
-        self.pre[a + 1:b] -= size
+            if self.knobs.timed_offloads:
+                self.timed[k] = freed
+                if freed[2].lead:
+                    self.leads[(t, g)] = freed[2].lead
+                self._drop_copied(t, a)
+        self.step_live[lo:hi + 1] -= size
+        self.pre[lo:hi + 1] -= size
         if kind == "recompute":
             self.pre[b] -= size
         for c, walk in walks.items():
@@ -469,6 +573,27 @@ class Greedy:
         self._relive(a + 1, b + 1)
         for c in walks:
             self._relive(c, c + 1)
+
+    def _retime(self, k, freed):
+        """Time row ``k``'s offload again to free its bytes over ``freed`` (a wider span: a shorter
+        hold or lead)."""
+        t, g, a, b, size = self.rows[k]
+        old = self.timed[k]
+        for lo, hi in ((freed[0], old[0] - 1), (old[1] + 1, freed[1])):
+            self.step_live[lo:hi + 1] -= size
+            self.pre[lo:hi + 1] -= size
+        self.timed[k] = freed
+        if freed[2].lead != old[2].lead:            # prefetched later: the chains before see it gone
+            if freed[2].lead:
+                self.leads[(t, g)] = freed[2].lead
+            else:
+                del self.leads[(t, g)]
+            self.trials.changed_tensor(t)
+            for c in sorted(self.asked.get(t, ())):
+                if b - old[2].lead <= c < b - freed[2].lead:
+                    self._rewalk(c)
+                    self._relive(c, c + 1)
+        self._relive(a + 1, b)
 
     def _add_copy(self, k):
         """Take row ``k``'s two copies from the copy stream's room."""
@@ -517,14 +642,14 @@ class TrialWalks:
     decision (on deep networks, whose chains are long, the walks were nearly all of the greedy)."""
 
     def __init__(self):
-        self.kept = {}                      # (c, k, kind) -> the walk
+        self.kept = {}                      # (c, k, kind, lead) -> the walk
         self.by_tensor = defaultdict(set)   # tensor -> keys of the walks that asked about it
         self.by_step = defaultdict(set)     # schedule step -> keys of the walks that recompute it
 
-    def walk(self, greedy, c, k, kind):
-        """``greedy.walk(c)`` (the trial's eviction of row ``k`` by ``kind`` in place), or the walk
-        kept from before, still valid."""
-        key = (c, k, kind)
+    def walk(self, greedy, c, k, kind, lead=None):
+        """``greedy.walk(c)`` (the trial's eviction of row ``k`` by ``kind``, prefetched ``lead``
+        steps early, in place), or the walk kept from before, still valid."""
+        key = (c, k, kind, lead)
         out = self.kept.get(key)
         if out is None:
             out = self.kept[key] = greedy.walk(c)

@@ -83,7 +83,9 @@ class Knobs:
     # ``baseline_seed_steps`` steps): its model frees an offload's bytes over its whole gap, while
     # the timed copies hold them while they run, so a plan that fits with no room to spare stalls:
     # random DAG 16 @ 60% on v100 330.7 -> 290.2 us, DAG 24 @ 40% 656.6 -> 576.0 us, ResNet-152 b256
-    # @ 50% on v100 +3.2% -> +2.9% (bench_optimal.py, bench_memory.py). (): no such seeds.
+    # @ 50% on v100 +3.2% -> +2.9% (bench_optimal.py, bench_memory.py). With the greedy that times
+    # its offloads for their peaks as a seed too (``timed_offloads``), DAG 24 @ 40% 560.2 -> 547.5 us
+    # (tests/test_planner_search.py). (): no such seeds.
     copy_room: tuple = (0.95, 0.9, 0.8)
     # The final repairs (repairs.FINISH) run on this many of the fastest plans that fit (with
     # different decisions): a slower plan with room under the limit keeps more. ResNet-50 b256 @ 50%
@@ -119,3 +121,13 @@ class Knobs:
     # ``stalled_rounds`` rounds while each is faster.
     stalled_worth: float = 1e-3
     stalled_rounds: int = 2
+    # Greedy: an offload is timed for the peak it lowers (greedy.Greedy._timed): its buffer held
+    # until its copy out is done (issued beside the touch that opens the gap where that touch only
+    # reads it) and prefetched early enough to hide the copy back, each within the gap's side of the
+    # peak, and charged what that leaves exposed; a later peak inside the gap times it again. False:
+    # its bytes freed over the whole gap and charged what the whole gap cannot hide, as if the copies
+    # took no memory. The search runs the greedy both ways ("greedy, offloads timed at the peak", on
+    # schedules of at most ``baseline_seed_steps`` steps): random DAG 16 (seed 0) @ 40% on v100
+    # 335.6 -> 302.9 us against an optimum over every timing of 293.3, at its minimum budget 345.9 ->
+    # 303.0 us, the optimum (bench_optimal.py --timings independent).
+    timed_offloads: bool = False
