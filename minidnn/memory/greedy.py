@@ -138,10 +138,11 @@ class Greedy:
         self.taken = np.zeros(len(rows), bool)
         self.timed = {}                             # row -> (first, last, Evict) of each timed offload
         self.leads = {}                             # (tensor, gap) -> the lead of its timed offload
-        # where a timed offload's copy out may start: beside the touch that opens its gap where that
-        # touch only reads the tensor (Evict.early), else after it
-        self.early = np.array([facts.only_reads(r[0], r[2]) for r in rows], bool)
-        self.out_start = self.cum[np.where(self.early, self.A, self.A + 1)] if rows else np.zeros(0)
+        if knobs.timed_offloads:
+            # where a timed offload's copy out may start: beside the touch that opens its gap where
+            # that touch only reads the tensor (Evict.early), else after it
+            self.early = np.array([facts.only_reads(r[0], r[2]) for r in rows], bool)
+            self.out_start = self.cum[np.where(self.early, self.A, self.A + 1)] if rows else np.zeros(0)
         self.copy_capacity = knobs.copy_capacity * self.cum[-1]   # what copies one iteration hides
         self.copy_used = 0.0
         self.last_forward, self.copy_windows = last_forward, copy_windows
