@@ -208,3 +208,22 @@ def test_the_heuristic_is_within_five_percent_of_the_optimum_on_a_random_dag(fra
                           timings=INDEPENDENT_TIMINGS)
     assert ref.optimal
     assert plan.simulation.seconds <= 1.05 * ref.plan.simulation.seconds
+
+
+def test_the_model_offers_no_early_offload_beside_a_touch_that_writes():
+    """An early offload is issued beside the touch that opens its gap, so only where that touch
+    reads the tensor: not where it writes it, nor where it accumulates a gradient into it (the
+    small DenseNet's ReLU gradients, summed over the layers that read their output; once offered,
+    the reference's search lowered one and the lowering refused it)."""
+    from minidnn.memory.optimal_model import INDEPENDENT_TIMINGS
+    from minidnn import models
+    sched = schedule_of(models.densenet_small(), (4, 3, 32, 32))
+    facts = Facts(sched)
+    model = Model(facts, ProfileCost("v100-16gb"), timings=INDEPENDENT_TIMINGS)
+    early = [(t, g) for (t, g), pairs in model.pairs.items() if any(ev.early for ev in pairs)]
+    assert early                                        # early offloads are offered at all
+    accumulated = {(t, g) for (t, g) in model.pairs if t in sched.steps[facts.touch[t][g]].updates}
+    assert accumulated                                  # and gaps open where a gradient accumulates
+    for t, g in early:
+        a = facts.touch[t][g]
+        assert t not in sched.steps[a].writes and t not in sched.steps[a].updates

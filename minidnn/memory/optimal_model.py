@@ -95,7 +95,7 @@ class Model:
                 self.gaps.append((t, g, a, b))
                 if t not in self.keep and src is not None and src.node.op.recomputable:
                     self.d[t, g] = self.variable(f"d[{t},{g}]", integer=True)
-                writes = t in steps[a].writes
+                writes = not facts.only_reads(t, a)       # (a gradient accumulated there is written too)
                 pairs = {ev for ev in tuple(timings) + ((hints[t, g],) if (t, g) in hints else ())
                          if ev.delay + ev.lead < b - a - 1 and not (ev.early and writes)}
                 if offload and t not in self.keep and pairs:
