@@ -15,11 +15,11 @@ from minidnn.memory import MemoryConfig, plan_memory
 from minidnn.memory.bound import step_time_floor
 from minidnn.memory.costmodel import CachedCost, ProfileCost
 from minidnn.memory.optimal import solve_reference
-from minidnn.models.random_dag import RandomDag, random_spec
+from minidnn.models.random_dag import RandomDag
 
+from bench_cases import dag0_at
 from test_dag_property import SHAPE, dags
 
-import numpy as np
 
 FRACTIONS = (0.8, 0.6, 0.4)
 
@@ -89,13 +89,7 @@ def test_the_floor_rises_where_the_forward_cannot_carry_the_copies():
 def test_the_exact_optimum_is_not_below_the_floor(fraction):
     """A 16-node random DAG, where the exact reference proves its plan optimal: that plan (lowered,
     placed and replayed like every plan) takes at least the floor, and the floor is above the unlimited step."""
-    sched = build_schedule(trace(RandomDag(random_spec(np.random.default_rng(0), 16)), SHAPE,
-                                 loss=nn.CrossEntropyLoss()),
-                           optimizer=optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
-    cost = CachedCost(ProfileCost("v100-16gb"))
-    unlimited = plan_memory(sched, MemoryConfig(profile="v100-16gb"), cost)
-    persistent = sched.persistent_bytes
-    budget = int(persistent + fraction * (unlimited.peak_bytes - persistent))
+    sched, cost, budget = dag0_at(fraction)
     floor = step_time_floor(sched, budget, cost)
     assert floor.seconds > floor.baseline
     ref = solve_reference(sched, budget, cost, MemoryConfig(profile="v100-16gb"), time_limit=60)
@@ -109,13 +103,7 @@ def test_the_floor_is_near_the_optimum_where_memory_is_tightest():
     floor is under it and within 5% of it (the reference once placed its candidates earliest first
     only, and its optimum there, 23% above this one, was what first-fit placement allowed)."""
     from minidnn.memory.optimal_model import INDEPENDENT_TIMINGS
-    sched = build_schedule(trace(RandomDag(random_spec(np.random.default_rng(0), 16)), SHAPE,
-                                 loss=nn.CrossEntropyLoss()),
-                           optimizer=optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
-    cost = CachedCost(ProfileCost("v100-16gb"))
-    unlimited = plan_memory(sched, MemoryConfig(profile="v100-16gb"), cost)
-    persistent = sched.persistent_bytes
-    budget = int(persistent + 0.4 * (unlimited.peak_bytes - persistent))
+    sched, cost, budget = dag0_at(0.4)
     floor = step_time_floor(sched, budget, cost)
     ref = solve_reference(sched, budget, cost, MemoryConfig(profile="v100-16gb"), time_limit=60,
                           timings=INDEPENDENT_TIMINGS)
@@ -151,13 +139,7 @@ def test_whole_choices_raise_the_floor_under_the_optimum(fraction):
     the linear relaxation's, and still under the exact optimum over every hold and lead; at 40%
     within 1% of it (the linear floor is 2.8% under)."""
     from minidnn.memory.optimal_model import INDEPENDENT_TIMINGS
-    sched = build_schedule(trace(RandomDag(random_spec(np.random.default_rng(0), 16)), SHAPE,
-                                 loss=nn.CrossEntropyLoss()),
-                           optimizer=optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
-    cost = CachedCost(ProfileCost("v100-16gb"))
-    unlimited = plan_memory(sched, MemoryConfig(profile="v100-16gb"), cost)
-    persistent = sched.persistent_bytes
-    budget = int(persistent + fraction * (unlimited.peak_bytes - persistent))
+    sched, cost, budget = dag0_at(fraction)
     linear = step_time_floor(sched, budget, cost, whole=0)
     whole = step_time_floor(sched, budget, cost)
     assert whole.seconds > linear.seconds

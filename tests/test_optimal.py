@@ -194,15 +194,9 @@ def test_the_heuristic_is_within_five_percent_of_the_optimum_on_a_random_dag(fra
     """Random DAG 16 (seed 0) on v100-16gb, against the exact optimum over every hold and lead: the
     planner's plan within 5% at 80/60/40% of the liveness peak's arena (at 40% it was 14% over
     before its greedy timed its offloads for the peaks they lower)."""
-    from minidnn.models.random_dag import SHAPE, RandomDag, random_spec
+    from bench_cases import dag0_at
     from minidnn.memory.optimal_model import INDEPENDENT_TIMINGS
-    sched = build_schedule(trace(RandomDag(random_spec(np.random.default_rng(0), 16)), SHAPE,
-                                 loss=nn.CrossEntropyLoss()),
-                           optimizer=optim.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
-    cost = CachedCost(ProfileCost("v100-16gb"))
-    unlimited = plan_memory(sched, MemoryConfig(profile="v100-16gb"), cost)
-    persistent = sched.persistent_bytes
-    budget = int(persistent + fraction * (unlimited.peak_bytes - persistent))
+    sched, cost, budget = dag0_at(fraction)
     plan = plan_memory(sched, MemoryConfig(budget=budget, profile="v100-16gb"), cost)
     ref = solve_reference(sched, budget, cost, MemoryConfig(profile="v100-16gb"), time_limit=60,
                           timings=INDEPENDENT_TIMINGS)
